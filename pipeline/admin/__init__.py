@@ -1,0 +1,1 @@
+"""The running pipeline's read-only HTTP API: health, metrics and queries."""

@@ -1,0 +1,122 @@
+"""Admin HTTP API of a running pipeline (read-only).
+
+The embedded engine can be opened by one process only, so questions about the data go to
+the running pipeline, which asks ClickHouse on its own connection::
+
+    GET /health                                   200 {"status": "ok"} / 503 while stopping
+    GET /metrics                                  Prometheus text
+    GET /api/v1/spans?order=cpu|duration|off_cpu&limit=N&service=S
+    GET /api/v1/traces/{trace_id}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import msgspec
+import structlog
+from aiohttp import web
+
+from pipeline.admin import queries
+from pipeline.graph import Graph
+
+MAX_LIMIT = 10_000
+
+
+def _json(data: Any, status: int = 200) -> web.Response:
+    return web.Response(body=msgspec.json.encode(data), status=status,
+                        content_type="application/json")
+
+
+def _error(status: int, message: str) -> web.Response:
+    return _json({"error": message}, status=status)
+
+
+class AdminServer:
+    def __init__(self, endpoint: str, graph: Graph, query_exporter: str = "") -> None:
+        self.endpoint = endpoint
+        self.graph = graph
+        self.log = structlog.get_logger().bind(component="admin")
+        exporters = {k: v for k, v in graph.components("exporter").items()
+                     if hasattr(v, "query")}
+        self.db = exporters.get(query_exporter) if query_exporter else \
+            next(iter(exporters.values()), None)
+        self.stopping = False
+        self._runner: web.AppRunner | None = None
+        self.port: int | None = None
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/metrics", self.metrics)
+        app.router.add_get("/api/v1/spans", self.spans)
+        app.router.add_get("/api/v1/traces/{trace_id}", self.trace)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        host, _, port = self.endpoint.rpartition(":")
+        site = web.TCPSite(self._runner, host or "127.0.0.1", int(port))
+        await site.start()
+        server = site._server
+        sockets = getattr(server, "sockets", None) or []
+        self.port = sockets[0].getsockname()[1] if sockets else int(port)
+        self.log.info("admin_listening", endpoint=f"{host}:{self.port}")
+
+    async def shutdown(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def health(self, request: web.Request) -> web.Response:
+        if self.stopping:
+            return _json({"status": "stopping"}, status=503)
+        return _json({"status": "ok"})
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        lines = []
+        for key, node in self.graph.nodes.items():
+            kind, cid = key.split(":", 1)
+            comp = node.component
+            counters: dict[str, int] = dict(getattr(comp, "metrics", {}) or {})
+            state = getattr(comp, "state", None)
+            if state is not None and hasattr(state, "stats"):
+                counters.update(dataclasses.asdict(state.stats))
+            for name, value in sorted(counters.items()):
+                base, _, table = name.partition(".")
+                labels = f'{kind}="{cid}"' + (f',table="{table}"' if table else "")
+                lines.append(f"spanprof_{kind}_{base}_total{{{labels}}} {value}")
+        return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
+
+    def _database(self) -> str:
+        assert self.db is not None
+        return str(self.db.cfg.database)
+
+    async def spans(self, request: web.Request) -> web.Response:
+        if self.db is None:
+            return _error(404, "no clickhouse exporter in this pipeline: nothing to query")
+        q = request.query
+        order = q.get("order", "cpu")
+        if order not in ("cpu", "duration", "off_cpu"):
+            return _error(400, "order: expected cpu, duration or off_cpu")
+        try:
+            limit = int(q.get("limit", "20"))
+        except ValueError:
+            return _error(400, "limit: expected an integer")
+        if not 1 <= limit <= MAX_LIMIT:
+            return _error(400, f"limit: expected 1..{MAX_LIMIT}")
+        spans = await queries.top_spans(self.db, self._database(), order=order, limit=limit,
+                                        service=q.get("service") or None,
+                                        method=q.get("method", "link"))
+        return _json({"spans": spans})
+
+    async def trace(self, request: web.Request) -> web.Response:
+        if self.db is None:
+            return _error(404, "no clickhouse exporter in this pipeline: nothing to query")
+        tid = request.match_info["trace_id"].lower()
+        if not queries.HEX32.match(tid):
+            return _error(400, "trace_id: expected 32 hex characters")
+        result = await queries.trace(self.db, self._database(), tid,
+                                     method=request.query.get("method", "link"))
+        if not result["spans"]:
+            return _error(404, f"trace {tid} not found")
+        return _json(result)

@@ -1,0 +1,194 @@
+"""``spanprof``: run | validate | top | explain | schema.
+
+Exit codes: 0 success, 1 runtime failure (e.g. the API is unreachable), 2 bad configuration
+or bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any
+
+from pipeline.errors import ConfigError
+
+DEFAULT_ADMIN = os.environ.get("SPANPROF_ADMIN", "http://127.0.0.1:13133")
+
+
+def _config_errors(err: ConfigError) -> int:
+    for p in err.problems:
+        print(f"error: {p}", file=sys.stderr)
+    return 2
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from pipeline.config import load_file
+
+    try:
+        cfg = load_file(args.config)
+        from pipeline.graph import build
+
+        build(cfg)
+    except ConfigError as err:
+        return _config_errors(err)
+    print(f"{args.config}: ok ({len(cfg.service.pipelines)} pipelines)")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from pipeline.config import load_file
+    from pipeline.log import configure
+
+    try:
+        cfg = load_file(args.config)
+    except ConfigError as err:
+        return _config_errors(err)
+    logs = cfg.service.telemetry.logs
+    configure(logs.level, logs.encoding)
+    from pipeline.service import Service
+
+    async def main() -> None:
+        await Service(cfg).run()
+
+    try:
+        asyncio.run(main())
+    except ConfigError as err:
+        return _config_errors(err)
+    return 0
+
+
+def _get(args: argparse.Namespace, path: str, params: dict[str, Any]) -> Any:
+    q = urllib.parse.urlencode({k: v for k, v in params.items() if v is not None})
+    url = f"{args.admin.rstrip('/')}{path}" + (f"?{q}" if q else "")
+    try:
+        with urllib.request.urlopen(url, timeout=30) as resp:
+            return json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        try:
+            msg = json.loads(err.read()).get("error", err.reason)
+        except ValueError:
+            msg = err.reason
+        raise SystemExit(f"error: {url}: {err.code} {msg}") from None
+    except (urllib.error.URLError, OSError) as err:
+        raise SystemExit(f"error: cannot reach the spanprof admin API at {args.admin} "
+                         f"({getattr(err, 'reason', err)}); is `spanprof run` running? "
+                         "Set --admin or SPANPROF_ADMIN.") from None
+
+
+def _ms(ns: int) -> str:
+    return f"{ns / 1e6:.1f}ms"
+
+
+def cmd_top(args: argparse.Namespace) -> int:
+    data = _get(args, "/api/v1/spans", {"order": args.by, "limit": args.limit,
+                                        "service": args.service})
+    spans = data["spans"]
+    if args.format == "json":
+        print(json.dumps(spans, indent=2))
+        return 0
+    header = f"{'TRACE_ID':32}  {'SPAN_ID':16}  {'SERVICE':16}  {'NAME':24}  " \
+             f"{'DURATION':>10}  {'CPU':>10}  {'OFF-CPU':>10}  {'SAMPLES':>7}  TOP FUNCTION"
+    print(header)
+    for s in spans:
+        top = s["top_functions"][0] if s["top_functions"] else None
+        topf = f"{top['name']} ({_ms(top['self_ns'])})" if top else "-"
+        print(f"{s['trace_id']:32}  {s['span_id']:16}  {s['service'][:16]:16}  "
+              f"{s['name'][:24]:24}  {_ms(s['duration_ns']):>10}  {_ms(s['cpu_ns']):>10}  "
+              f"{_ms(s['off_cpu_ns']):>10}  {s['sample_count']:>7}  {topf}")
+    return 0
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    data = _get(args, f"/api/v1/traces/{args.trace_id.lower()}", {})
+    if args.format == "json":
+        print(json.dumps(data, indent=2))
+        return 0
+    spans = data["spans"]
+    ids = {s["span_id"] for s in spans}
+    children: dict[str, list[dict[str, Any]]] = {}
+    roots = []
+    for s in sorted(spans, key=lambda s: (s.get("start_time_unix_nano") or 0, s["span_id"])):
+        parent = s.get("parent_span_id") or ""
+        if parent and parent in ids:
+            children.setdefault(parent, []).append(s)
+        else:
+            roots.append(s)
+    print(f"trace {data['trace_id']}: {data['span_count']} spans, CPU {_ms(data['cpu_ns'])}")
+
+    def show(s: dict[str, Any], prefix: str, last: bool, depth: int) -> None:
+        branch = "" if depth == 0 else ("└─ " if last else "├─ ")
+        top = s["top_functions"][0] if s["top_functions"] else None
+        name = s["name"] or "(span not received)"
+        line = (f"{prefix}{branch}{s['service']}: {name}  duration {_ms(s['duration_ns'])}"
+                f"  cpu {_ms(s['cpu_ns'])}  off-cpu {_ms(s['off_cpu_ns'])}"
+                f"  samples {s['sample_count']}")
+        if top:
+            line += f"  top {top['name']} {_ms(top['self_ns'])}"
+        print(line)
+        kids = children.get(s["span_id"], [])
+        ext = "" if depth == 0 else ("   " if last else "│  ")
+        for i, k in enumerate(kids):
+            show(k, prefix + ext, i == len(kids) - 1, depth + 1)
+
+    for r in roots:
+        show(r, "", True, 0)
+    return 0
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    if args.what == "config":
+        import msgspec
+
+        from pipeline.config import RawConfig
+
+        print(json.dumps(msgspec.json.schema(RawConfig), indent=2))
+        return 0
+    from pipeline.exporters.clickhouse.schema import SchemaOptions, render
+
+    print(render(SchemaOptions(database=args.database, ttl_seconds=args.ttl_days * 86400)))
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="spanprof", description="Link traces to profiles.")
+    sub = p.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("run", help="run a pipeline until SIGTERM/SIGINT")
+    r.add_argument("-c", "--config", required=True)
+    r.set_defaults(func=cmd_run)
+    v = sub.add_parser("validate", help="check a config file without starting anything")
+    v.add_argument("-c", "--config", required=True)
+    v.set_defaults(func=cmd_validate)
+    for name, helptext in (("top", "spans by CPU or duration"), ("explain", "one trace")):
+        c = sub.add_parser(name, help=helptext)
+        c.add_argument("--admin", default=DEFAULT_ADMIN, help="admin API of `spanprof run`")
+        if name == "top":
+            c.add_argument("--by", choices=["cpu", "duration", "off_cpu"], default="cpu")
+            c.add_argument("--limit", type=int, default=20)
+            c.add_argument("--service")
+            c.add_argument("--format", choices=["table", "json"], default="table")
+            c.set_defaults(func=cmd_top)
+        else:
+            c.add_argument("trace_id")
+            c.add_argument("--format", choices=["tree", "json"], default="tree")
+            c.set_defaults(func=cmd_explain)
+    s = sub.add_parser("schema", help="print the ClickHouse DDL or the config JSON Schema")
+    s.add_argument("what", choices=["print", "config"])
+    s.add_argument("--database", default="spanprof")
+    s.add_argument("--ttl-days", type=int, default=7)
+    s.set_defaults(func=cmd_schema)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

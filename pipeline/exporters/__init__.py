@@ -1,0 +1,1 @@
+"""Exporters: where batches become durable."""

@@ -1,0 +1,1 @@
+"""ClickHouse exporter: schema, row encoding, batched writer, queries."""

@@ -1,0 +1,192 @@
+"""``clickhouse`` exporter: spans, profile samples with their stacks, and per-span
+attribution, into ClickHouse through clickhouse-connect.
+
+The embedded engine (``chdb://PATH``, the default) and a server (``http(s)://host:8123``)
+go through the very same client API, so what the tests prove on one holds on the other::
+
+    exporters:
+      clickhouse:
+        endpoint: chdb://./data        # or http://clickhouse:8123
+        username: default
+        password: ${env:CLICKHOUSE_PASSWORD:-}
+        database: spanprof
+        ttl: 7d                        # 0 keeps data forever
+        batch_rows: 20000              # insert when this many rows are waiting ...
+        flush_interval: 1s             # ... or when the oldest waited this long
+        max_pending_rows: 500000       # beyond: refuse with a retryable error
+        retry_on_failure: {initial_interval: 500ms, max_interval: 30s, max_elapsed_time: 5m}
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+from urllib.parse import urlsplit
+
+import msgspec
+
+from pipeline.config import Duration
+from pipeline.errors import ConfigError, Retryable
+from pipeline.exporters.clickhouse import rows
+from pipeline.exporters.clickhouse.schema import SchemaOptions, bootstrap, statements
+from pipeline.exporters.clickhouse.writer import Writer
+from pipeline.records import AttributionBatch, Batch, ProfileBatch, SpanBatch
+from pipeline.registry import Context, Factory
+
+
+class RetryConfig(msgspec.Struct, forbid_unknown_fields=True):
+    enabled: bool = True
+    initial_interval: Duration = Duration(0.5)
+    max_interval: Duration = Duration(30.0)
+    max_elapsed_time: Duration = Duration(300.0)
+
+
+class Config(msgspec.Struct, forbid_unknown_fields=True):
+    endpoint: str = "chdb://./data"
+    username: str = "default"
+    password: str = ""
+    database: str = "spanprof"
+    ttl: Duration = Duration(7 * 86400)
+    create_schema: bool = True
+    batch_rows: int = 20_000
+    flush_interval: Duration = Duration(1.0)
+    max_pending_rows: int = 500_000
+    timeout: Duration = Duration(30.0)
+    retry_on_failure: RetryConfig = msgspec.field(default_factory=RetryConfig)
+
+    def validate(self) -> None:
+        scheme = urlsplit(self.endpoint).scheme
+        if scheme not in ("chdb", "http", "https"):
+            raise ConfigError(f"endpoint: expected chdb://PATH, http://HOST:PORT or "
+                              f"https://HOST:PORT, got {self.endpoint!r}")
+        if not self.database.replace("_", "").isalnum():
+            raise ConfigError(f"database: must be letters, digits and _, got {self.database!r}")
+        if self.batch_rows < 1 or self.max_pending_rows < self.batch_rows:
+            raise ConfigError("max_pending_rows: must be at least batch_rows (and both >= 1)")
+
+
+def resolve_endpoint(endpoint: str, data_dir: str) -> str:
+    """``chdb://./data`` -> ``chdb:///abs/data`` (relative to the service's data_dir)."""
+    if endpoint.startswith("chdb://"):
+        path = endpoint[len("chdb://"):]
+        if not os.path.isabs(path):
+            path = os.path.abspath(os.path.join(data_dir, path))
+        return "chdb://" + path
+    return endpoint
+
+
+def connect(cfg: Config, data_dir: str) -> Any:
+    import clickhouse_connect
+
+    dsn = resolve_endpoint(cfg.endpoint, data_dir)
+    if dsn.startswith("chdb://"):
+        os.makedirs(dsn[len("chdb://"):], exist_ok=True)
+        return clickhouse_connect.get_client(dsn=dsn)
+    u = urlsplit(dsn)
+    return clickhouse_connect.get_client(
+        host=u.hostname, port=u.port or (8443 if u.scheme == "https" else 8123),
+        secure=u.scheme == "https", username=cfg.username, password=cfg.password,
+        connect_timeout=float(cfg.timeout), send_receive_timeout=float(cfg.timeout))
+
+
+class ClickHouseExporter:
+    def __init__(self, cfg: Config, ctx: Context) -> None:
+        self.cfg = cfg
+        self.ctx = ctx
+        self.log = ctx.log
+        self.schema = SchemaOptions(database=cfg.database, ttl_seconds=int(cfg.ttl))
+        self.metrics: Counter[str] = Counter()
+        self.client: Any = None
+        # one thread: chdb is one engine per process, and ordering inserts keeps it simple
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=ctx.id)
+        self.writer: Writer | None = None
+        self._stopped = False
+
+    def __repr__(self) -> str:
+        return f"<ClickHouseExporter {self.ctx.id} {self.cfg.endpoint} {self.writer!r}>"
+
+    def _metric(self, name: str, n: int) -> None:
+        self.metrics[name] += n
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            self.client = await loop.run_in_executor(
+                self.executor, connect, self.cfg, self.ctx.data_dir)
+            if self.cfg.create_schema:
+                await loop.run_in_executor(self.executor, self.migrate)
+        except Exception as err:
+            raise ConfigError(f"exporters.{self.ctx.id}.endpoint: cannot use ClickHouse at "
+                              f"{self.cfg.endpoint}: {str(err)[:300]}") from err
+        self.writer = Writer(client=self.client, executor=self.executor,
+                             database=self.cfg.database, batch_rows=self.cfg.batch_rows,
+                             flush_interval=float(self.cfg.flush_interval),
+                             max_pending_rows=self.cfg.max_pending_rows,
+                             retry=self.cfg.retry_on_failure, log=self.log, metrics=self._metric)
+        self.writer.start()
+        self.log.info("clickhouse_ready", endpoint=self.cfg.endpoint, database=self.cfg.database)
+
+    def migrate(self) -> None:
+        """Apply, in order, every migration not yet recorded in ``schema_migrations``."""
+        for sql in bootstrap(self.schema):
+            self.client.command(sql)
+        db = self.cfg.database
+        applied = {r[0] for r in self.client.query(
+            f"SELECT version FROM {db}.schema_migrations").result_rows}
+        for version, stmts in statements(self.schema):
+            if version in applied:
+                continue
+            for sql in stmts:
+                self.client.command(sql)
+            self.client.insert(f"{db}.schema_migrations", [[version]], column_names=["version"])
+            self.log.info("clickhouse_migrated", version=version)
+
+    async def consume(self, batch: Batch) -> None:
+        if self.writer is None:
+            raise Retryable(f"{self.ctx.id}: not started")
+        stacks: set[int] = set()
+        if isinstance(batch, SpanBatch):
+            tables = rows.traces(batch)
+        elif isinstance(batch, ProfileBatch):
+            skip = self.writer.known_stacks()
+            tables = rows.profiles(batch, skip)
+            stacks = set(batch.stacks) - skip
+        elif isinstance(batch, AttributionBatch):
+            tables = rows.attributions(batch)
+        else:
+            raise TypeError(type(batch))
+        n = sum(len(next(iter(c.values()), [])) for c in tables.values())
+        await self.writer.submit(tables, n, stacks)
+
+    async def query(self, sql: str, parameters: dict[str, Any] | None = None
+                    ) -> tuple[list[str], list[tuple[Any, ...]]]:
+        """Run a read query on this exporter's connection (the embedded engine allows one)."""
+        if self.client is None:
+            raise Retryable(f"{self.ctx.id}: not started")
+        loop = asyncio.get_running_loop()
+        res = await loop.run_in_executor(
+            self.executor, lambda: self.client.query(sql, parameters=parameters or {}))
+        return list(res.column_names), list(res.result_rows)
+
+    async def shutdown(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        if self.writer is not None:
+            await self.writer.close()
+        if self.client is not None:
+            await asyncio.get_running_loop().run_in_executor(self.executor, self.client.close)
+        self.executor.shutdown(wait=True)
+        self.log.info("clickhouse_stopped", **{k.replace(".", "_"): v
+                                               for k, v in self.metrics.items()})
+
+
+def create(cfg: Config, ctx: Context) -> ClickHouseExporter:
+    return ClickHouseExporter(cfg, ctx)
+
+
+FACTORY = Factory(type="clickhouse", kind="exporter", config=Config, create=create,
+                  signals=("traces", "profiles", "attributions"))

@@ -1,0 +1,143 @@
+"""Records -> column lists per table (column-oriented inserts: no per-row tuples)."""
+
+from __future__ import annotations
+
+from pipeline.records import AttributionBatch, ProfileBatch, SpanBatch
+
+Columns = dict[str, list[object]]
+
+# pdata's SpanKind.String() / StatusCode.String(), as the Collector exporter writes them
+SPAN_KINDS = ["Unspecified", "Internal", "Server", "Client", "Producer", "Consumer"]
+STATUS_CODES = ["Unset", "Ok", "Error"]
+
+TRACES_COLUMNS = [
+    "Timestamp", "TraceId", "SpanId", "ParentSpanId", "TraceState", "SpanName", "SpanKind",
+    "ServiceName", "ResourceAttributes", "ScopeName", "ScopeVersion", "SpanAttributes",
+    "Duration", "StatusCode", "StatusMessage", "Events.Timestamp", "Events.Name",
+    "Events.Attributes", "Links.TraceId", "Links.SpanId", "Links.TraceState", "Links.Attributes",
+]
+SAMPLES_COLUMNS = ["time", "service", "trace_id", "span_id", "stack_id", "measure",
+                   "sample_type", "unit", "value", "count"]
+STACKS_COLUMNS = ["stack_id", "functions", "files", "lines"]
+ATTRIBUTION_COLUMNS = ["trace_id", "span_id", "method", "service", "name", "parent_span_id",
+                       "start_time", "duration_ns", "span_known", "cpu_ns", "wall_ns",
+                       "sample_count"]
+FUNCTIONS_COLUMNS = ["trace_id", "span_id", "method", "function", "self_cpu_ns", "self_wall_ns"]
+UNATTRIBUTED_COLUMNS = ["service", "minute", "cpu_ns", "wall_ns", "sample_count"]
+
+COLUMNS = {
+    "otel_traces": TRACES_COLUMNS,
+    "profile_stacks": STACKS_COLUMNS,
+    "profile_samples": SAMPLES_COLUMNS,
+    "span_attribution": ATTRIBUTION_COLUMNS,
+    "span_functions": FUNCTIONS_COLUMNS,
+    "unattributed_cpu": UNATTRIBUTED_COLUMNS,
+}
+
+
+def _kind(k: int) -> str:
+    return SPAN_KINDS[k] if 0 <= k < len(SPAN_KINDS) else "Unspecified"
+
+
+def _status(c: int) -> str:
+    return STATUS_CODES[c] if 0 <= c < len(STATUS_CODES) else "Unset"
+
+
+def traces(batch: SpanBatch) -> dict[str, Columns]:
+    spans = batch.spans
+    cols: Columns = {
+        "Timestamp": [s.start_ns for s in spans],
+        "TraceId": [s.trace_id.hex() for s in spans],
+        "SpanId": [s.span_id.hex() for s in spans],
+        "ParentSpanId": [s.parent_span_id.hex() for s in spans],
+        "TraceState": [s.trace_state for s in spans],
+        "SpanName": [s.name for s in spans],
+        "SpanKind": [_kind(s.kind) for s in spans],
+        "ServiceName": [s.service for s in spans],
+        "ResourceAttributes": [s.resource_attributes for s in spans],
+        "ScopeName": [s.scope_name for s in spans],
+        "ScopeVersion": [s.scope_version for s in spans],
+        "SpanAttributes": [s.attributes for s in spans],
+        "Duration": [s.duration_ns for s in spans],
+        "StatusCode": [_status(s.status_code) for s in spans],
+        "StatusMessage": [s.status_message for s in spans],
+        "Events.Timestamp": [[e.time_ns for e in s.events] for s in spans],
+        "Events.Name": [[e.name for e in s.events] for s in spans],
+        "Events.Attributes": [[e.attributes for e in s.events] for s in spans],
+        "Links.TraceId": [[lk.trace_id.hex() for lk in s.links] for s in spans],
+        "Links.SpanId": [[lk.span_id.hex() for lk in s.links] for s in spans],
+        "Links.TraceState": [[lk.trace_state for lk in s.links] for s in spans],
+        "Links.Attributes": [[lk.attributes for lk in s.links] for s in spans],
+    }
+    return {"otel_traces": cols}
+
+
+def profiles(batch: ProfileBatch, skip_stacks: set[int] | frozenset[int] = frozenset()
+             ) -> dict[str, Columns]:
+    ss = batch.samples
+    out = {"profile_samples": {
+        "time": [s.time_ns for s in ss],
+        "service": [s.service for s in ss],
+        "trace_id": [s.trace_id.hex() for s in ss],
+        "span_id": [s.span_id.hex() for s in ss],
+        "stack_id": [s.stack_id for s in ss],
+        "measure": [s.measure for s in ss],
+        "sample_type": [s.sample_type for s in ss],
+        "unit": [s.unit for s in ss],
+        "value": [s.value for s in ss],
+        "count": [s.count for s in ss],
+    }}
+    stacks = [st for sid, st in batch.stacks.items() if sid not in skip_stacks]
+    if stacks:
+        out["profile_stacks"] = {
+            "stack_id": [st.stack_id for st in stacks],
+            "functions": [st.functions for st in stacks],
+            "files": [st.files for st in stacks],
+            "lines": [st.lines for st in stacks],
+        }
+    return out
+
+
+def attributions(batch: AttributionBatch) -> dict[str, Columns]:
+    rows = batch.attributions
+    out: dict[str, Columns] = {}
+    if rows:
+        out["span_attribution"] = {
+            "trace_id": [a.trace_id.hex() for a in rows],
+            "span_id": [a.span_id.hex() for a in rows],
+            "method": [a.method for a in rows],
+            "service": [a.service for a in rows],
+            "name": [a.name for a in rows],
+            "parent_span_id": [a.parent_span_id.hex() for a in rows],
+            "start_time": [a.start_ns for a in rows],
+            "duration_ns": [a.duration_ns for a in rows],
+            "span_known": [int(a.span_known) for a in rows],
+            "cpu_ns": [a.cpu_ns for a in rows],
+            "wall_ns": [a.wall_ns for a in rows],
+            "sample_count": [a.sample_count for a in rows],
+        }
+        fn: Columns = {c: [] for c in FUNCTIONS_COLUMNS}
+        for a in rows:
+            names = a.self_cpu_ns.keys() | a.self_wall_ns.keys()
+            if not names:
+                continue
+            tid, sid = a.trace_id.hex(), a.span_id.hex()
+            for name in names:
+                fn["trace_id"].append(tid)
+                fn["span_id"].append(sid)
+                fn["method"].append(a.method)
+                fn["function"].append(name)
+                fn["self_cpu_ns"].append(a.self_cpu_ns.get(name, 0))
+                fn["self_wall_ns"].append(a.self_wall_ns.get(name, 0))
+        if fn["trace_id"]:
+            out["span_functions"] = fn
+    if batch.unattributed:
+        u = batch.unattributed
+        out["unattributed_cpu"] = {
+            "service": [x.service for x in u],
+            "minute": [x.minute_ns // 1_000_000_000 for x in u],
+            "cpu_ns": [x.cpu_ns for x in u],
+            "wall_ns": [x.wall_ns for x in u],
+            "sample_count": [x.sample_count for x in u],
+        }
+    return out

@@ -1,0 +1,194 @@
+"""DDL is data: every table spanprof writes, kept here, versioned, printed by
+``spanprof schema print``. Each ordering key and codec says why in a comment.
+
+Ids are lowercase hex strings, as in the OpenTelemetry Collector's ClickHouse exporter, so
+spanprof's tables join ``otel_traces`` on ``TraceId``/``SpanId`` without conversion.
+
+Migrations are applied in order on start; each statement is idempotent (``IF NOT EXISTS``)
+and the applied version is recorded in ``schema_migrations``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class SchemaOptions:
+    database: str = "spanprof"
+    ttl_seconds: int = 7 * 86400  # 0 keeps data forever
+
+
+def _ttl(expr: str, o: SchemaOptions) -> str:
+    return f"TTL toDateTime({expr}) + toIntervalSecond({o.ttl_seconds})" if o.ttl_seconds > 0 else ""
+
+
+def migration_1(o: SchemaOptions) -> list[str]:
+    db = o.database
+    # dedup window: a retried insert with the same insert_deduplication_token is a no-op
+    dedup = "non_replicated_deduplication_window = 1000"
+    return [
+        # The Collector exporter's traces table, same names and types, so Grafana's ClickHouse
+        # data source and existing queries run unchanged on spanprof's data.
+        f"""CREATE TABLE IF NOT EXISTS {db}.otel_traces (
+    Timestamp DateTime64(9) CODEC(Delta, ZSTD(1)),      -- span start; Delta: sorted times
+    TraceId String CODEC(ZSTD(1)),
+    SpanId String CODEC(ZSTD(1)),
+    ParentSpanId String CODEC(ZSTD(1)),
+    TraceState String CODEC(ZSTD(1)),
+    SpanName LowCardinality(String) CODEC(ZSTD(1)),
+    SpanKind LowCardinality(String) CODEC(ZSTD(1)),
+    ServiceName LowCardinality(String) CODEC(ZSTD(1)),
+    ResourceAttributes Map(LowCardinality(String), String) CODEC(ZSTD(1)),
+    ScopeName String CODEC(ZSTD(1)),
+    ScopeVersion String CODEC(ZSTD(1)),
+    SpanAttributes Map(LowCardinality(String), String) CODEC(ZSTD(1)),
+    Duration UInt64 CODEC(ZSTD(1)),
+    StatusCode LowCardinality(String) CODEC(ZSTD(1)),
+    StatusMessage String CODEC(ZSTD(1)),
+    Events Nested (
+        Timestamp DateTime64(9),
+        Name LowCardinality(String),
+        Attributes Map(LowCardinality(String), String)
+    ) CODEC(ZSTD(1)),
+    Links Nested (
+        TraceId String,
+        SpanId String,
+        TraceState String,
+        Attributes Map(LowCardinality(String), String)
+    ) CODEC(ZSTD(1)),
+    INDEX idx_trace_id TraceId TYPE bloom_filter(0.001) GRANULARITY 1,
+    INDEX idx_duration Duration TYPE minmax GRANULARITY 1
+) ENGINE = MergeTree
+PARTITION BY toDate(Timestamp)
+-- the Collector's key: "spans of a service/operation over time" reads a narrow range
+ORDER BY (ServiceName, SpanName, toDateTime(Timestamp))
+{_ttl("Timestamp", o)}
+SETTINGS index_granularity = 8192, ttl_only_drop_parts = 1, {dedup}""",
+        # trace id -> time range, so "one trace" reads one partition range of otel_traces
+        f"""CREATE TABLE IF NOT EXISTS {db}.otel_traces_trace_id_ts (
+    TraceId String CODEC(ZSTD(1)),
+    Start DateTime CODEC(Delta, ZSTD(1)),
+    End DateTime CODEC(Delta, ZSTD(1)),
+    INDEX idx_trace_id TraceId TYPE bloom_filter(0.01) GRANULARITY 1
+) ENGINE = MergeTree
+PARTITION BY toDate(Start)
+ORDER BY (TraceId, Start)
+{_ttl("Start", o)}
+SETTINGS index_granularity = 8192, ttl_only_drop_parts = 1""",
+        f"""CREATE MATERIALIZED VIEW IF NOT EXISTS {db}.otel_traces_trace_id_ts_mv
+TO {db}.otel_traces_trace_id_ts AS
+SELECT TraceId, min(toDateTime(Timestamp)) AS Start, max(toDateTime(Timestamp)) AS End
+FROM {db}.otel_traces WHERE TraceId != '' GROUP BY TraceId""",
+        # Stacks stored once: samples carry only a 64-bit stack id. Replacing: the same stack
+        # written by two requests (or two workers) collapses to one row.
+        f"""CREATE TABLE IF NOT EXISTS {db}.profile_stacks (
+    stack_id UInt64,
+    functions Array(String) CODEC(ZSTD(3)),            -- leaf first
+    files Array(String) CODEC(ZSTD(3)),
+    lines Array(Int64) CODEC(ZSTD(1)),
+    leaf String MATERIALIZED functions[1],
+    last_seen DateTime DEFAULT now()
+) ENGINE = ReplacingMergeTree(last_seen)
+ORDER BY stack_id
+SETTINGS {dedup}""",
+        f"""CREATE TABLE IF NOT EXISTS {db}.profile_samples (
+    time DateTime64(9) CODEC(Delta, ZSTD(1)),
+    service LowCardinality(String),
+    trace_id String CODEC(ZSTD(1)),                    -- '' when the sample has no link
+    span_id String CODEC(ZSTD(1)),
+    stack_id UInt64 CODEC(ZSTD(1)),
+    measure LowCardinality(String),                    -- cpu | wall | off_cpu | other
+    sample_type LowCardinality(String),
+    unit LowCardinality(String),
+    value UInt64 CODEC(T64, ZSTD(1)),                  -- ns for time measures
+    count UInt32 CODEC(T64, ZSTD(1)),                  -- profiler ticks it stands for
+    INDEX idx_trace_id trace_id TYPE bloom_filter(0.001) GRANULARITY 1
+) ENGINE = MergeTree
+PARTITION BY toDate(time)
+-- "functions of a service over a time range" is the common scan; trace lookups use the index
+ORDER BY (service, measure, toStartOfMinute(time), stack_id)
+{_ttl("time", o)}
+SETTINGS ttl_only_drop_parts = 1, {dedup}""",
+        # Attribution rows are deltas (see processors/correlate/state.py): a span's totals are
+        # the sum of its rows, which this engine folds together in the background. max() on
+        # the span's own fields is right because every row of a span carries the same value
+        # or none ('' / 0 for samples whose span was not seen yet).
+        f"""CREATE TABLE IF NOT EXISTS {db}.span_attribution (
+    trace_id String,
+    span_id String,
+    method LowCardinality(String),                     -- link | link+time | thread | window
+    service SimpleAggregateFunction(max, LowCardinality(String)),
+    name SimpleAggregateFunction(max, String),
+    parent_span_id SimpleAggregateFunction(max, String),
+    start_time SimpleAggregateFunction(max, DateTime64(9)),
+    duration_ns SimpleAggregateFunction(max, UInt64),
+    span_known SimpleAggregateFunction(max, UInt8),
+    cpu_ns SimpleAggregateFunction(sum, UInt64),
+    wall_ns SimpleAggregateFunction(sum, UInt64),
+    sample_count SimpleAggregateFunction(sum, UInt64),
+    updated_at SimpleAggregateFunction(max, DateTime) DEFAULT now()
+) ENGINE = AggregatingMergeTree
+-- one trace's attribution is one narrow range; method keeps exact and approximate apart
+ORDER BY (trace_id, span_id, method)
+{_ttl("updated_at", o)}
+SETTINGS {dedup}""",
+        f"""CREATE TABLE IF NOT EXISTS {db}.span_functions (
+    trace_id String,
+    span_id String,
+    method LowCardinality(String),
+    function String,
+    self_cpu_ns SimpleAggregateFunction(sum, UInt64),
+    self_wall_ns SimpleAggregateFunction(sum, UInt64),
+    updated_at SimpleAggregateFunction(max, DateTime) DEFAULT now()
+) ENGINE = AggregatingMergeTree
+ORDER BY (trace_id, span_id, method, function)
+{_ttl("updated_at", o)}
+SETTINGS {dedup}""",
+        f"""CREATE TABLE IF NOT EXISTS {db}.unattributed_cpu (
+    service LowCardinality(String),
+    minute DateTime,
+    cpu_ns SimpleAggregateFunction(sum, UInt64),
+    wall_ns SimpleAggregateFunction(sum, UInt64),
+    sample_count SimpleAggregateFunction(sum, UInt64)
+) ENGINE = AggregatingMergeTree
+ORDER BY (service, minute)
+{_ttl("minute", o)}
+SETTINGS {dedup}""",
+        # Totals per span, whatever the state of background merges.
+        f"""CREATE VIEW IF NOT EXISTS {db}.span_attribution_totals AS
+SELECT trace_id, span_id, method,
+       max(service) AS service, max(name) AS name, max(parent_span_id) AS parent_span_id,
+       max(start_time) AS start_time, max(duration_ns) AS duration_ns,
+       max(span_known) AS span_known,
+       sum(cpu_ns) AS cpu_ns, sum(wall_ns) AS wall_ns, sum(sample_count) AS sample_count,
+       toUInt64(greatest(0, toInt64(duration_ns) - toInt64(cpu_ns))) AS off_cpu_ns  -- the aliases above
+FROM {db}.span_attribution
+GROUP BY trace_id, span_id, method""",
+    ]
+
+
+MIGRATIONS = [migration_1]
+
+
+def bootstrap(o: SchemaOptions) -> list[str]:
+    """The database and the record of applied migrations, created before anything else."""
+    return [
+        f"CREATE DATABASE IF NOT EXISTS {o.database}",
+        f"""CREATE TABLE IF NOT EXISTS {o.database}.schema_migrations (
+    version UInt32,
+    applied_at DateTime DEFAULT now()
+) ENGINE = MergeTree ORDER BY version""",
+    ]
+
+
+def statements(o: SchemaOptions) -> list[tuple[int, list[str]]]:
+    return [(i + 1, m(o)) for i, m in enumerate(MIGRATIONS)]
+
+
+def render(o: SchemaOptions) -> str:
+    out = ["-- bootstrap"] + [s.strip() + ";\n" for s in bootstrap(o)]
+    for version, stmts in statements(o):
+        out.append(f"-- migration {version}")
+        out.extend(s.strip() + ";\n" for s in stmts)
+    return "\n".join(out)

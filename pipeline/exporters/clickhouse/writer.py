@@ -1,0 +1,181 @@
+"""Batched, retried, acknowledged inserts.
+
+Incoming batches join the current *generation*: column lists per table plus one future.
+The flusher swaps the generation when it holds ``batch_rows`` rows or ``flush_interval`` has
+passed, inserts its tables one by one (stacks before the samples that reference them), and
+resolves the future only when every table is in. A failed insert is retried with
+exponential backoff under the same ``insert_deduplication_token``, so a retry that follows
+a half-applied attempt is a no-op on the server; only when ``max_elapsed_time`` runs out do
+the batch's senders get a retryable error, and they never get a success for rows that were
+not written.
+
+The pending row count (current generation plus the one being inserted) is bounded by
+``max_pending_rows``; beyond it ``submit`` refuses with ``Retryable`` at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from pipeline.errors import Retryable
+from pipeline.exporters.clickhouse.rows import COLUMNS, Columns
+
+# stacks first: a sample is never visible before the stack it references
+TABLE_ORDER = ["profile_stacks", "otel_traces", "profile_samples", "span_attribution",
+               "span_functions", "unattributed_cpu"]
+
+
+class _Generation:
+    __slots__ = ("id", "tables", "rows", "done", "stacks", "opened", "inserted")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.id = uuid.uuid4().hex
+        self.tables: dict[str, Columns] = {}
+        self.rows = 0
+        self.done: asyncio.Future[None] = loop.create_future()
+        self.stacks: set[int] = set()
+        self.opened = time.monotonic()
+        self.inserted: set[str] = set()
+
+    def add(self, tables: dict[str, Columns]) -> None:
+        for table, cols in tables.items():
+            mine = self.tables.get(table)
+            if mine is None:
+                self.tables[table] = {c: list(v) for c, v in cols.items()}
+            else:
+                for c, v in cols.items():
+                    mine[c].extend(v)
+            self.rows += len(next(iter(cols.values()), []))
+
+
+class Writer:
+    def __init__(self, *, client: Any, executor: ThreadPoolExecutor, database: str,
+                 batch_rows: int, flush_interval: float, max_pending_rows: int,
+                 retry: Any, log: Any, metrics: Callable[[str, int], None]) -> None:
+        self.client = client
+        self.executor = executor
+        self.database = database
+        self.batch_rows = batch_rows
+        self.flush_interval = flush_interval
+        self.max_pending_rows = max_pending_rows
+        self.retry = retry
+        self.log = log
+        self.metric = metrics
+        self._gen: _Generation | None = None
+        self._inflight_rows = 0
+        self._wake = asyncio.Event()
+        self._closing = False
+        self._task: asyncio.Task[None] | None = None
+        self.written_stacks: set[int] = set()
+
+    def __repr__(self) -> str:
+        pending = self._gen.rows if self._gen else 0
+        return f"<Writer pending={pending} inflight={self._inflight_rows} closing={self._closing}>"
+
+    @property
+    def pending_rows(self) -> int:
+        return (self._gen.rows if self._gen else 0) + self._inflight_rows
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="clickhouse-writer")
+
+    def known_stacks(self) -> set[int]:
+        return self.written_stacks | (self._gen.stacks if self._gen else set())
+
+    async def submit(self, tables: dict[str, Columns], rows: int, stacks: set[int]) -> None:
+        if self._closing:
+            raise Retryable("clickhouse exporter is shutting down")
+        if rows == 0:
+            return
+        if self.pending_rows + rows > self.max_pending_rows:
+            self.metric("refused_rows", rows)
+            raise Retryable(f"clickhouse exporter queue is full ({self.pending_rows} rows "
+                            f"pending, max_pending_rows={self.max_pending_rows})", retry_after=2.0)
+        if self._gen is None:
+            self._gen = _Generation(asyncio.get_running_loop())
+        gen = self._gen
+        gen.add(tables)
+        gen.stacks |= stacks
+        if gen.rows >= self.batch_rows:
+            self._wake.set()
+        # shield: one caller giving up must not cancel the others' acknowledgement
+        await asyncio.shield(gen.done)
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=self.flush_interval)
+            except TimeoutError:
+                pass
+            self._wake.clear()
+            gen = self._gen
+            if gen is not None and (gen.rows >= self.batch_rows or self._closing
+                                    or time.monotonic() - gen.opened >= self.flush_interval):
+                self._gen = None
+                await self._flush(gen)
+            if self._closing and self._gen is None:
+                return
+
+    async def _flush(self, gen: _Generation) -> None:
+        self._inflight_rows = gen.rows
+        try:
+            await self._insert_all(gen)
+        except Retryable as err:
+            if not gen.done.done():
+                gen.done.set_exception(err)
+            gen.done.exception()  # retrieved here so that no caller-less future warns
+        else:
+            self.written_stacks |= gen.stacks
+            if len(self.written_stacks) > 1_000_000:
+                self.written_stacks.clear()  # a bounded cache; rewriting a stack is harmless
+            if not gen.done.done():
+                gen.done.set_result(None)
+        finally:
+            self._inflight_rows = 0
+
+    async def _insert_all(self, gen: _Generation) -> None:
+        loop = asyncio.get_running_loop()
+        delay = float(self.retry.initial_interval)
+        started = time.monotonic()
+        attempt = 0
+        while True:
+            try:
+                for table in TABLE_ORDER:
+                    cols = gen.tables.get(table)
+                    if cols is None or table in gen.inserted:
+                        continue
+                    names = COLUMNS[table]
+                    data = [cols[c] for c in names]
+                    settings = {"insert_deduplication_token": f"{gen.id}-{table}"}
+                    await loop.run_in_executor(self.executor, lambda t=table, d=data, n=names,
+                                               s=settings: self.client.insert(
+                                                   f"{self.database}.{t}", d, column_names=n,
+                                                   column_oriented=True, settings=s))
+                    gen.inserted.add(table)
+                    self.metric(f"sent_rows.{table}", len(data[0]))
+                return
+            except Exception as err:
+                attempt += 1
+                elapsed = time.monotonic() - started
+                self.metric("send_failed", 1)
+                if not self.retry.enabled or elapsed + delay > float(self.retry.max_elapsed_time):
+                    self.log.error("clickhouse_insert_gave_up", error=str(err)[:500],
+                                   attempts=attempt, rows=gen.rows)
+                    raise Retryable(f"clickhouse insert failed: {str(err)[:200]}") from err
+                self.log.warning("clickhouse_insert_retry", error=str(err)[:500],
+                                 attempt=attempt, retry_in_s=round(delay, 2))
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, float(self.retry.max_interval))
+
+    async def close(self) -> None:
+        """Flush everything pending, then stop (idempotent)."""
+        self._closing = True
+        self._wake.set()
+        if self._task is not None:
+            await self._task
+            self._task = None

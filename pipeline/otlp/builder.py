@@ -1,0 +1,113 @@
+"""Build OTLP profiles (v1development) from plain stacks: for tests, benchmarks and tools.
+
+The dictionary is shared by the whole request and interned, as a real profiler does:
+``link_table[0]`` and ``stack_table[0]`` are the zero entries, strings are de-duplicated.
+"""
+
+from __future__ import annotations
+
+from opentelemetry.proto.collector.profiles.v1development.profiles_service_pb2 import (
+    ExportProfilesServiceRequest,
+)
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.profiles.v1development import profiles_pb2 as pb
+
+
+class ProfileBuilder:
+    def __init__(self) -> None:
+        self.req = ExportProfilesServiceRequest()
+        d = self.req.dictionary
+        self._strings: dict[str, int] = {}
+        self._functions: dict[tuple[str, str], int] = {}
+        self._locations: dict[int, int] = {}
+        self._stacks: dict[tuple[int, ...], int] = {}
+        self._links: dict[tuple[bytes, bytes], int] = {}
+        self.string("")
+        d.mapping_table.add()
+        d.function_table.add()
+        d.location_table.add()
+        d.stack_table.add()
+        d.link_table.add()
+        d.attribute_table.add()
+        self._profile_by_service: dict[tuple[str, str, str, str, int], pb.Profile] = {}
+
+    def string(self, s: str) -> int:
+        i = self._strings.get(s)
+        if i is None:
+            i = self._strings[s] = len(self.req.dictionary.string_table)
+            self.req.dictionary.string_table.append(s)
+        return i
+
+    def stack(self, frames: list[str], file: str = "app.py") -> int:
+        """Index of a stack of function names, leaf first."""
+        d = self.req.dictionary
+        locs = []
+        for fn in frames:
+            key = (fn, file)
+            fi = self._functions.get(key)
+            if fi is None:
+                fi = self._functions[key] = len(d.function_table)
+                d.function_table.add(name_strindex=self.string(fn),
+                                     filename_strindex=self.string(file))
+            li = self._locations.get(fi)
+            if li is None:
+                li = self._locations[fi] = len(d.location_table)
+                d.location_table.add(lines=[pb.Line(function_index=fi, line=1)])
+            locs.append(li)
+        t = tuple(locs)
+        si = self._stacks.get(t)
+        if si is None:
+            si = self._stacks[t] = len(d.stack_table)
+            d.stack_table.add(location_indices=locs)
+        return si
+
+    def link(self, trace_id: bytes, span_id: bytes) -> int:
+        if not trace_id and not span_id:
+            return 0
+        key = (trace_id, span_id)
+        i = self._links.get(key)
+        if i is None:
+            i = self._links[key] = len(self.req.dictionary.link_table)
+            self.req.dictionary.link_table.add(trace_id=trace_id, span_id=span_id)
+        return i
+
+    def profile(self, service: str = "svc", sample_type: str = "cpu",
+                unit: str = "nanoseconds", period_type: str = "cpu",
+                period_unit: str = "nanoseconds", period: int = 10_000_000,
+                time_unix_nano: int = 0) -> pb.Profile:
+        key = (service, sample_type, unit, period_type, period)
+        prof = self._profile_by_service.get(key)
+        if prof is not None:
+            return prof
+        rp = next((r for r in self.req.resource_profiles
+                   if r.resource.attributes and r.resource.attributes[0].value.string_value
+                   == service), None)
+        if rp is None:
+            rp = self.req.resource_profiles.add()
+            rp.resource.attributes.append(
+                KeyValue(key="service.name", value=AnyValue(string_value=service)))
+            rp.scope_profiles.add()
+        prof = rp.scope_profiles[0].profiles.add()
+        prof.sample_type.type_strindex = self.string(sample_type)
+        prof.sample_type.unit_strindex = self.string(unit)
+        prof.period_type.type_strindex = self.string(period_type)
+        prof.period_type.unit_strindex = self.string(period_unit)
+        prof.period = period
+        prof.time_unix_nano = time_unix_nano
+        self._profile_by_service[key] = prof
+        return prof
+
+    def sample(self, frames: list[str], value: int | None, trace_id: bytes = b"",
+               span_id: bytes = b"", timestamps: list[int] | None = None,
+               **profile_kw: object) -> pb.Sample:
+        prof = self.profile(**profile_kw)  # type: ignore[arg-type]
+        s = prof.samples.add(stack_index=self.stack(frames),
+                             link_index=self.link(trace_id, span_id))
+        if value is not None:
+            s.values.append(value)
+        if timestamps:
+            s.timestamps_unix_nano.extend(timestamps)
+        return s
+
+    def build(self) -> ExportProfilesServiceRequest:
+        return self.req

@@ -1,0 +1,1 @@
+"""Receivers: wire formats in, internal records out."""

@@ -1,0 +1,171 @@
+"""``otlp`` receiver: OTLP/gRPC ``TraceService/Export`` and ``ProfilesService/Export``.
+
+    receivers:
+      otlp:
+        protocols:
+          grpc:
+            endpoint: 127.0.0.1:4317
+            max_recv_msg_size_mib: 16
+            max_concurrent_streams: 64
+
+Requests are taken as raw bytes and parsed here, so that garbage is answered with
+``INVALID_ARGUMENT`` (grpc's own deserialiser would make it ``INTERNAL``). Items that fail
+validation are counted in ``partial_success``; the rest are accepted. The reply is sent
+only once the pipeline has made the data durable; if it cannot, the client gets
+``UNAVAILABLE`` and retries.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import grpc
+import msgspec
+from google.protobuf.message import DecodeError
+from opentelemetry.proto.collector.profiles.v1development import profiles_service_pb2 as pps
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as tps
+
+from pipeline.errors import ConfigError, InvalidData, Retryable
+from pipeline.otlp.profiles import decode_profiles
+from pipeline.otlp.traces import decode_traces
+from pipeline.registry import Context, Factory
+
+TRACE_METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+PROFILES_METHOD = "/opentelemetry.proto.collector.profiles.v1development.ProfilesService/Export"
+ITEMS = {"traces": "spans", "profiles": "samples"}  # metric names count items, not requests
+
+
+class GrpcConfig(msgspec.Struct, forbid_unknown_fields=True):
+    endpoint: str = "127.0.0.1:4317"
+    max_recv_msg_size_mib: int = 16
+    max_concurrent_streams: int = 64
+
+
+class Protocols(msgspec.Struct, forbid_unknown_fields=True):
+    grpc: GrpcConfig | None = msgspec.field(default_factory=GrpcConfig)
+
+
+class Config(msgspec.Struct, forbid_unknown_fields=True):
+    protocols: Protocols = msgspec.field(default_factory=Protocols)
+
+    def validate(self) -> None:
+        g = self.protocols.grpc
+        if g is None:
+            raise ConfigError("protocols: enable at least one protocol (grpc)")
+        host, _, port = g.endpoint.rpartition(":")
+        if not host or not port.isdigit():
+            raise ConfigError(f"protocols.grpc.endpoint: expected HOST:PORT, got {g.endpoint!r}")
+        if g.max_recv_msg_size_mib < 1:
+            raise ConfigError("protocols.grpc.max_recv_msg_size_mib: must be at least 1")
+
+
+class OtlpGrpcReceiver:
+    def __init__(self, cfg: Config, ctx: Context) -> None:
+        self.cfg = cfg
+        self.ctx = ctx
+        self.log = ctx.log
+        self.server: grpc.aio.Server | None = None
+        self.port: int | None = None
+        self.metrics: Counter[str] = Counter()
+        self._stopped = False
+
+    def __repr__(self) -> str:
+        return f"<OtlpGrpcReceiver {self.ctx.id} port={self.port} {dict(self.metrics)}>"
+
+    async def start(self) -> None:
+        g = self.cfg.protocols.grpc
+        assert g is not None
+        size = g.max_recv_msg_size_mib * 1024 * 1024
+        self.server = grpc.aio.server(options=[
+            ("grpc.max_receive_message_length", size),
+            ("grpc.max_concurrent_streams", g.max_concurrent_streams),
+        ])
+        handlers = {}
+        if "traces" in self.ctx.next:
+            handlers[TRACE_METHOD] = grpc.unary_unary_rpc_method_handler(self._export_traces)
+        if "profiles" in self.ctx.next:
+            handlers[PROFILES_METHOD] = grpc.unary_unary_rpc_method_handler(
+                self._export_profiles)
+        self.server.add_generic_rpc_handlers([_Handlers(handlers)])
+        try:
+            self.port = self.server.add_insecure_port(g.endpoint)
+        except RuntimeError as err:
+            raise ConfigError(f"receivers.{self.ctx.id}.protocols.grpc.endpoint: cannot listen "
+                              f"on {g.endpoint}: {err}") from None
+        await self.server.start()
+        self.log.info("otlp_grpc_listening", endpoint=g.endpoint, port=self.port)
+
+    async def _deliver(self, signal: str, batch: Any, context: grpc.aio.ServicerContext) -> None:
+        try:
+            await self.ctx.next[signal].consume(batch)  # type: ignore[index]
+        except InvalidData as err:
+            self.metrics[f"refused_{ITEMS[signal]}"] += len(batch)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        except Retryable as err:
+            self.metrics[f"refused_{ITEMS[signal]}"] += len(batch)
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
+        self.metrics[f"accepted_{ITEMS[signal]}"] += len(batch)
+
+    async def _export_traces(self, data: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        try:
+            req = tps.ExportTraceServiceRequest.FromString(data)
+        except DecodeError as err:
+            self.metrics["malformed_requests"] += 1
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"not an ExportTraceServiceRequest: {err}")
+        decoded = decode_traces(req)
+        if decoded.batch.spans:
+            await self._deliver("traces", decoded.batch, context)
+        resp = tps.ExportTraceServiceResponse()
+        if decoded.rejected:
+            self.metrics["refused_spans"] += decoded.rejected
+            resp.partial_success.rejected_spans = decoded.rejected
+            resp.partial_success.error_message = decoded.message
+            self.log.info("otlp_spans_rejected", rejected=decoded.rejected,
+                          reason=decoded.message[:300])
+        return resp.SerializeToString()
+
+    async def _export_profiles(self, data: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        try:
+            req = pps.ExportProfilesServiceRequest.FromString(data)
+        except DecodeError as err:
+            self.metrics["malformed_requests"] += 1
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"not an ExportProfilesServiceRequest: {err}")
+        decoded = decode_profiles(req)
+        if decoded.batch.samples:
+            await self._deliver("profiles", decoded.batch, context)
+        resp = pps.ExportProfilesServiceResponse()
+        if decoded.rejected:
+            self.metrics["refused_profiles"] += decoded.rejected
+            resp.partial_success.rejected_profiles = decoded.rejected
+            resp.partial_success.error_message = decoded.message
+            self.log.info("otlp_profiles_rejected", rejected=decoded.rejected,
+                          reason=decoded.message[:300])
+        return resp.SerializeToString()
+
+    async def shutdown(self) -> None:
+        """Stop accepting; let in-flight requests finish (they wait for durability)."""
+        if self._stopped:
+            return
+        self._stopped = True
+        if self.server is not None:
+            await self.server.stop(grace=30.0)
+            self.log.info("otlp_grpc_stopped", **dict(self.metrics))
+
+
+class _Handlers(grpc.GenericRpcHandler):
+    def __init__(self, handlers: dict[str, grpc.RpcMethodHandler]) -> None:
+        self.handlers = handlers
+
+    def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+        return self.handlers.get(details.method)  # type: ignore[attr-defined]
+
+
+def create(cfg: Config, ctx: Context) -> OtlpGrpcReceiver:
+    return OtlpGrpcReceiver(cfg, ctx)
+
+
+FACTORY = Factory(type="otlp", kind="receiver", config=Config, create=create,
+                  signals=("traces", "profiles"))

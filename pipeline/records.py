@@ -1,0 +1,153 @@
+"""Internal records: what crosses stage boundaries.
+
+Receivers turn wire formats (OTLP protobuf/JSON, pprof) into these; every processor and
+exporter downstream knows only these. They are ``msgspec.Struct``s: cheap to build, and
+``array_like`` so that the Kafka tier can ship them compactly when it needs to.
+
+Ids are raw bytes (16-byte trace id, 8-byte span id); ``b""`` means "absent".
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+Signal = Literal["traces", "profiles", "attributions"]
+SIGNALS: tuple[Signal, ...] = ("traces", "profiles", "attributions")
+
+# How a sample's value is to be read.  ``cpu`` and ``wall``/``off_cpu`` are time in
+# nanoseconds and are never added together: CPU explains on-CPU time, wall explains waiting.
+Measure = Literal["cpu", "wall", "off_cpu", "other"]
+
+
+class SpanEvent(msgspec.Struct, array_like=True, gc=False):
+    time_ns: int
+    name: str
+    attributes: dict[str, str]
+
+
+class SpanLink(msgspec.Struct, array_like=True, gc=False):
+    trace_id: bytes
+    span_id: bytes
+    trace_state: str
+    attributes: dict[str, str]
+
+
+class Span(msgspec.Struct, array_like=True, gc=False):
+    trace_id: bytes
+    span_id: bytes
+    parent_span_id: bytes
+    name: str
+    kind: int  # OTLP SpanKind enum value
+    service: str
+    start_ns: int
+    end_ns: int
+    status_code: int = 0  # OTLP Status.code enum value
+    status_message: str = ""
+    trace_state: str = ""
+    scope_name: str = ""
+    scope_version: str = ""
+    resource_attributes: dict[str, str] = {}
+    attributes: dict[str, str] = {}
+    events: list[SpanEvent] = []
+    links: list[SpanLink] = []
+
+    @property
+    def duration_ns(self) -> int:
+        return max(0, self.end_ns - self.start_ns)
+
+
+class Stack(msgspec.Struct, array_like=True, gc=False):
+    """A call stack, leaf first, identified by a hash of its frames (stable across requests)."""
+
+    stack_id: int
+    functions: list[str]
+    files: list[str]
+    lines: list[int]
+
+
+class Sample(msgspec.Struct, array_like=True, gc=False):
+    """One profile sample, already normalised.
+
+    ``value`` is nanoseconds for time measures (``cpu``, ``wall``, ``off_cpu``) whatever unit
+    or ``samples/count`` encoding the profiler used; ``count`` is how many profiler ticks it
+    stands for, so users can judge how far to trust a per-span figure.
+    """
+
+    trace_id: bytes
+    span_id: bytes
+    service: str
+    time_ns: int
+    stack_id: int
+    measure: Measure
+    value: int
+    count: int
+    sample_type: str
+    unit: str
+
+
+class SpanBatch(msgspec.Struct):
+    spans: list[Span]
+
+    signal: Signal = "traces"
+
+    def __len__(self) -> int:
+        return len(self.spans)
+
+
+class ProfileBatch(msgspec.Struct):
+    samples: list[Sample]
+    stacks: dict[int, Stack]
+
+    signal: Signal = "profiles"
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+
+class Attribution(msgspec.Struct, array_like=True, gc=False):
+    """What the correlator learnt about one span since it last reported it.
+
+    Rows are *deltas*: a span's totals are the sum of all its rows (ClickHouse adds them up
+    in an AggregatingMergeTree), so a sample that arrives after the span's first row was
+    written simply adds a row, and nothing is ever counted twice or lost.
+    """
+
+    trace_id: bytes
+    span_id: bytes
+    method: str  # "link": joined through a profile link / span label (exact)
+    service: str
+    name: str
+    parent_span_id: bytes
+    start_ns: int
+    duration_ns: int
+    span_known: bool  # False: samples whose span was never seen (yet)
+    cpu_ns: int
+    wall_ns: int
+    sample_count: int
+    self_cpu_ns: dict[str, int]  # leaf function -> CPU ns
+    self_wall_ns: dict[str, int]
+
+
+class Unattributed(msgspec.Struct, array_like=True, gc=False):
+    """CPU that no span claims (samples without a link), per service and minute."""
+
+    service: str
+    minute_ns: int
+    cpu_ns: int
+    wall_ns: int
+    sample_count: int
+
+
+class AttributionBatch(msgspec.Struct):
+    attributions: list[Attribution]
+    unattributed: list[Unattributed] = []
+
+    signal: Signal = "attributions"
+
+    def __len__(self) -> int:
+        return len(self.attributions) + len(self.unattributed)
+
+
+Batch = SpanBatch | ProfileBatch | AttributionBatch

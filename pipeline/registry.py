@@ -1,0 +1,64 @@
+"""Component type name -> factory.
+
+Factories live in one explicit list (``FACTORIES`` below) so that ``spanprof validate`` can
+name every valid type, and adding a component touches its own module plus one line here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import msgspec
+import structlog
+
+from pipeline.component import Consumer
+from pipeline.records import Signal
+
+Kind = Literal["receiver", "processor", "exporter", "connector"]
+
+
+@dataclass
+class Context:
+    """What a component is given at construction: who it is and whom it feeds."""
+
+    id: str
+    pipelines: list[str]
+    # receivers / connectors: next consumer per output signal; processors: under its signal
+    next: dict[Signal, Consumer] = field(default_factory=dict)
+    log: Any = None
+    data_dir: str = "."
+
+    def __post_init__(self) -> None:
+        if self.log is None:
+            self.log = structlog.get_logger().bind(component=self.id)
+
+
+@dataclass(frozen=True)
+class Factory:
+    type: str
+    kind: Kind
+    config: type[msgspec.Struct]
+    create: Callable[[Any, Context], Any]
+    # receivers/processors/exporters: the signals they handle; connectors: signals consumed
+    signals: tuple[Signal, ...]
+    # connectors only: the signals they emit
+    emits: tuple[Signal, ...] = ()
+
+
+def factories() -> dict[Kind, dict[str, Factory]]:
+    """All known factories by kind and type name (imported lazily: keeps the CLI fast)."""
+    from pipeline.exporters.clickhouse.exporter import FACTORY as clickhouse
+    from pipeline.exporters.debug import FACTORY as debug
+    from pipeline.receivers.otlp_grpc import FACTORY as otlp
+    from processors.batch import FACTORY as batch
+    from processors.correlate.connector import FACTORY as spancorrelator
+
+    FACTORIES = [otlp, batch, clickhouse, debug, spancorrelator]
+    out: dict[Kind, dict[str, Factory]] = {
+        "receiver": {}, "processor": {}, "exporter": {}, "connector": {}
+    }
+    for f in FACTORIES:
+        out[f.kind][f.type] = f
+    return out

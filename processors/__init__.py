@@ -1,0 +1,1 @@
+"""spanprof processors and connectors: the stages between receivers and exporters."""

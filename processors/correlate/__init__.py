@@ -1,0 +1,1 @@
+"""The span <-> profile join: state (``state.py``) and the connector around it."""

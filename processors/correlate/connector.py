@@ -1,0 +1,151 @@
+"""``spancorrelator``: joins profile samples to spans, emits per-span attribution.
+
+It has the Collector's *connector* shape: an exporter of the ``traces`` and ``profiles``
+pipelines and the receiver of an ``attributions`` pipeline::
+
+    connectors:
+      spancorrelator:
+        grace: 10s            # hold a span this long after it arrives for its samples
+        orphan_timeout: 60s   # report samples of never-seen spans after this
+        late_window: 10m      # samples this late for a reported span still flush fast
+        max_entries: 200000   # held spans + sample groups; beyond: report oldest early
+        flush_interval: 1s
+    service:
+      pipelines:
+        traces:       {receivers: [otlp], exporters: [clickhouse, spancorrelator]}
+        profiles:     {receivers: [otlp], exporters: [clickhouse, spancorrelator]}
+        attributions: {receivers: [spancorrelator], exporters: [clickhouse]}
+
+Reports that the next stage refuses stay in an outbox and are retried; while the outbox is
+over ``max_entries`` rows, new input is refused with a retryable error (explicit
+backpressure, not an unbounded queue).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+import msgspec
+
+from pipeline.config import Duration
+from pipeline.errors import ConfigError, Retryable
+from pipeline.records import AttributionBatch, Batch, ProfileBatch, SpanBatch
+from pipeline.registry import Context, Factory
+from processors.correlate.state import CorrelatorState
+
+
+class Config(msgspec.Struct, forbid_unknown_fields=True):
+    grace: Duration = Duration(10.0)
+    orphan_timeout: Duration = Duration(60.0)
+    late_window: Duration = Duration(600.0)
+    max_entries: int = 200_000
+    flush_interval: Duration = Duration(1.0)
+
+    def validate(self) -> None:
+        if self.max_entries < 1:
+            raise ConfigError("max_entries: must be at least 1")
+        if self.flush_interval <= 0:
+            raise ConfigError("flush_interval: must be greater than 0")
+
+
+class SpanCorrelator:
+    def __init__(self, cfg: Config, ctx: Context,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.cfg = cfg
+        self.ctx = ctx
+        self.log = ctx.log
+        self.clock = clock
+        self.state = CorrelatorState(grace=cfg.grace, orphan_timeout=cfg.orphan_timeout,
+                                     late_window=cfg.late_window, max_entries=cfg.max_entries)
+        self._outbox: list[AttributionBatch] = []
+        self._task: asyncio.Task[None] | None = None
+        self._stopped = False
+        self._lock = asyncio.Lock()
+
+    def __repr__(self) -> str:
+        return f"<SpanCorrelator {self.state!r} outbox={self.outbox_rows}>"
+
+    @property
+    def outbox_rows(self) -> int:
+        return sum(len(b) for b in self._outbox)
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name=f"{self.ctx.id}-flush")
+
+    async def consume(self, batch: Batch) -> None:
+        if self._stopped:
+            raise Retryable(f"{self.ctx.id}: shutting down")
+        if self.outbox_rows > self.cfg.max_entries:
+            raise Retryable(f"{self.ctx.id}: attribution output is backed up "
+                            f"({self.outbox_rows} rows waiting); retry later", retry_after=5.0)
+        now = self.clock()
+        if isinstance(batch, SpanBatch):
+            self.state.add_spans(batch.spans, now)
+        elif isinstance(batch, ProfileBatch):
+            self.state.add_samples(batch, now)
+        else:
+            raise TypeError(f"{self.ctx.id} does not consume {batch.signal}")
+
+    async def flush(self, force: bool = False) -> bool:
+        """Report what is due and send the outbox; True when nothing is left unsent."""
+        async with self._lock:
+            evicted_before = self.state.stats.evicted
+            due = self.state.take_due(self.clock(), force=force)
+            if due.attributions or due.unattributed:
+                self._outbox.append(due)
+            if self.state.stats.evicted != evicted_before:
+                self.log.warning("correlator_evicted", evicted_total=self.state.stats.evicted,
+                                 max_entries=self.cfg.max_entries)
+            nxt = self.ctx.next["attributions"]
+            while self._outbox:
+                try:
+                    await nxt.consume(self._outbox[0])
+                except Exception as err:  # kept and retried: nothing is dropped
+                    self.log.warning("correlator_send_failed", error=str(err),
+                                     outbox_rows=self.outbox_rows)
+                    return False
+                self._outbox.pop(0)
+            return True
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(float(self.cfg.flush_interval))
+            try:
+                await self.flush()
+            except Exception:  # never let the flusher die silently
+                self.log.exception("correlator_flush_error")
+
+    async def shutdown(self) -> None:
+        """Report everything held, whatever its window, and deliver it before returning."""
+        if self._stopped:
+            return
+        self._stopped = True
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        if "attributions" not in self.ctx.next:
+            return
+        delay = 0.2
+        for _ in range(50):
+            if await self.flush(force=True):
+                break
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+        else:
+            self.log.error("correlator_shutdown_unsent", outbox_rows=self.outbox_rows)
+        s = self.state.stats
+        self.log.info("correlator_stopped", spans=s.spans_in, samples=s.samples_in,
+                      rows=s.rows_out, evicted=s.evicted, orphans=s.orphans_reported)
+
+
+def create(cfg: Config, ctx: Context) -> SpanCorrelator:
+    return SpanCorrelator(cfg, ctx)
+
+
+FACTORY = Factory(type="spancorrelator", kind="connector", config=Config, create=create,
+                  signals=("traces", "profiles"), emits=("attributions",))
