@@ -165,6 +165,7 @@ def _msgspec_problem(prefix: str, err: msgspec.ValidationError) -> str:
     unknown = re.fullmatch(r"Object contains unknown field `(.*)`", text)
     if unknown:
         where, text = f"{where}.{unknown.group(1)}", "unknown key"
+    where = where.lstrip(".") if not prefix else where
     text = text.replace("`", "")
     if text[:1].isupper() and not text[:2].isupper():
         text = text[0].lower() + text[1:]

@@ -6,6 +6,8 @@ The dictionary is shared by the whole request and interned, as a real profiler d
 
 from __future__ import annotations
 
+import time
+
 from opentelemetry.proto.collector.profiles.v1development.profiles_service_pb2 import (
     ExportProfilesServiceRequest,
 )
@@ -74,7 +76,7 @@ class ProfileBuilder:
     def profile(self, service: str = "svc", sample_type: str = "cpu",
                 unit: str = "nanoseconds", period_type: str = "cpu",
                 period_unit: str = "nanoseconds", period: int = 10_000_000,
-                time_unix_nano: int = 0) -> pb.Profile:
+                time_unix_nano: int | None = None) -> pb.Profile:
         key = (service, sample_type, unit, period_type, period)
         prof = self._profile_by_service.get(key)
         if prof is not None:
@@ -93,7 +95,7 @@ class ProfileBuilder:
         prof.period_type.type_strindex = self.string(period_type)
         prof.period_type.unit_strindex = self.string(period_unit)
         prof.period = period
-        prof.time_unix_nano = time_unix_nano
+        prof.time_unix_nano = time.time_ns() if time_unix_nano is None else time_unix_nano
         self._profile_by_service[key] = prof
         return prof
 

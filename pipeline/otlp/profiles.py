@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
+import time
 from typing import Any, NamedTuple
 
 from opentelemetry.proto.collector.profiles.v1development.profiles_service_pb2 import (
@@ -202,7 +203,8 @@ def _decode_profile(d: _Dictionary, prof: Any, service: str) -> list[Sample]:
     for ai in prof.attribute_indices:
         if not 0 <= ai < d.n_attrs:
             raise _Invalid(f"attribute_indices {ai} out of range (attribute_table has {d.n_attrs})")
-    t0 = int(prof.time_unix_nano)
+    # a profile without a time is taken as "now": stored samples need a real time (TTL)
+    t0 = int(prof.time_unix_nano) or time.time_ns()
     out: list[Sample] = []
     for k, s in enumerate(prof.samples):
         try:

@@ -1,0 +1,159 @@
+"""Shared fixtures: free ports, a real ``spanprof run`` process, the embedded ClickHouse."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def pipeline_yaml(grpc_port: int, admin_port: int, data: Path, grace: str = "1s",
+                  extra_connector: str = "", exporter_extra: str = "") -> str:
+    return f"""
+receivers:
+  otlp:
+    protocols:
+      grpc:
+        endpoint: 127.0.0.1:{grpc_port}
+processors:
+  batch:
+    timeout: 50ms
+connectors:
+  spancorrelator:
+    grace: {grace}
+    flush_interval: 200ms
+    {extra_connector}
+exporters:
+  clickhouse:
+    endpoint: chdb://{data}
+    flush_interval: 200ms
+    {exporter_extra}
+service:
+  admin:
+    endpoint: 127.0.0.1:{admin_port}
+  telemetry:
+    logs:
+      encoding: json
+  pipelines:
+    traces:
+      receivers: [otlp]
+      processors: [batch]
+      exporters: [clickhouse, spancorrelator]
+    profiles:
+      receivers: [otlp]
+      exporters: [clickhouse, spancorrelator]
+    attributions:
+      receivers: [spancorrelator]
+      exporters: [clickhouse]
+"""
+
+
+class SpanprofProcess:
+    """``spanprof run`` in a child process, as a user runs it."""
+
+    def __init__(self, tmp: Path, **yaml_kw: Any) -> None:
+        self.tmp = tmp
+        self.grpc_port = free_port()
+        self.admin_port = free_port()
+        self.data = tmp / "data"
+        self.config = tmp / "pipeline.yaml"
+        self.config.write_text(pipeline_yaml(self.grpc_port, self.admin_port, self.data,
+                                             **yaml_kw))
+        self.log_path = tmp / "spanprof.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def grpc_target(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def admin(self) -> str:
+        return f"http://127.0.0.1:{self.admin_port}"
+
+    def start(self, timeout: float = 60.0) -> None:
+        env = dict(os.environ, MALLOC_TRIM_THRESHOLD_="268435456")
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "pipeline.cli", "run", "-c", str(self.config)],
+            cwd=self.tmp, stdout=self._log, stderr=subprocess.STDOUT, env=env)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"spanprof exited {self.proc.returncode}:\n{self.logs()}")
+            try:
+                if self.get("/health")["status"] == "ok":
+                    return
+            except (OSError, urllib.error.URLError, ValueError):
+                pass
+            time.sleep(0.1)
+        raise AssertionError(f"spanprof did not become healthy:\n{self.logs()}")
+
+    def get(self, path: str) -> Any:
+        with urllib.request.urlopen(self.admin + path, timeout=10) as resp:
+            return json.loads(resp.read())
+
+    def logs(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            rc = self.proc.wait(timeout=timeout)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+            self._log.close()
+        return rc
+
+
+@pytest.fixture
+def spanprof(tmp_path: Path) -> Iterator[SpanprofProcess]:
+    p = SpanprofProcess(tmp_path)
+    yield p
+    if p.proc is not None and p.proc.poll() is None:
+        p.stop(signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def clickhouse(path: Path) -> Iterator[Any]:
+    """The embedded engine on ``path`` (only once no other process has it open)."""
+    import clickhouse_connect
+
+    client = clickhouse_connect.get_client(dsn=f"chdb://{path}")
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+def wait_until(fn: Any, timeout: float = 30.0, interval: float = 0.2) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = fn()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"condition not met in {timeout}s; last value: {last!r}")

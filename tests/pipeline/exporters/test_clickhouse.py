@@ -1,0 +1,167 @@
+"""ClickHouse exporter: the batched writer's acknowledgements and retries (fake client), and
+schema/migrations/inserts on the real embedded engine."""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pipeline.errors import Retryable
+from pipeline.exporters.clickhouse.exporter import ClickHouseExporter, Config, RetryConfig
+from pipeline.exporters.clickhouse.schema import SchemaOptions, render
+from pipeline.exporters.clickhouse.writer import Writer
+from pipeline.records import (
+    Attribution,
+    AttributionBatch,
+    ProfileBatch,
+    Sample,
+    Span,
+    SpanBatch,
+    Stack,
+)
+from pipeline.registry import Context
+from tests.conftest import clickhouse
+
+FAST_RETRY = RetryConfig(initial_interval=0.01, max_interval=0.02, max_elapsed_time=5.0)
+
+
+class FakeClient:
+    """Records inserts; fails the first ``failures`` calls."""
+
+    def __init__(self, failures: int = 0) -> None:
+        self.failures = failures
+        self.calls: list[tuple[str, int, str]] = []
+        self.inserted: list[tuple[str, int]] = []
+
+    def insert(self, table: str, data: list[list[Any]], column_names: list[str],
+               column_oriented: bool, settings: dict[str, str]) -> None:
+        self.calls.append((table, len(data[0]), settings["insert_deduplication_token"]))
+        if self.failures:
+            self.failures -= 1
+            raise ConnectionError("server went away")
+        self.inserted.append((table, len(data[0])))
+
+
+def writer(client: FakeClient, **kw: Any) -> Writer:
+    import structlog
+
+    opts: dict[str, Any] = dict(batch_rows=10, flush_interval=0.05, max_pending_rows=100,
+                                retry=FAST_RETRY)
+    opts.update(kw)
+    return Writer(client=client, executor=ThreadPoolExecutor(1), database="db",
+                  log=structlog.get_logger(), metrics=lambda n, v: None, **opts)
+
+
+def cols(n: int) -> dict[str, dict[str, list[object]]]:
+    from pipeline.exporters.clickhouse.rows import COLUMNS
+
+    return {"otel_traces": {c: [0] * n for c in COLUMNS["otel_traces"]}}
+
+
+class TestWriter:
+    async def test_ack_only_after_insert_and_retry_reuses_token(self) -> None:
+        """A failed insert is retried with backoff; the sender's await returns only once the
+        insert succeeded, and every attempt carries the same deduplication token."""
+        client = FakeClient(failures=3)
+        w = writer(client)
+        w.start()
+        await asyncio.wait_for(w.submit(cols(5), 5, set()), timeout=5)
+        assert client.inserted == [("db.otel_traces", 5)]
+        assert len(client.calls) == 4 and len({c[2] for c in client.calls}) == 1
+        await w.close()
+
+    async def test_gives_up_with_retryable_never_success(self) -> None:
+        """When retries run out the sender gets Retryable, not a success."""
+        client = FakeClient(failures=10_000)
+        w = writer(client, retry=RetryConfig(initial_interval=0.01, max_interval=0.01,
+                                             max_elapsed_time=0.1))
+        w.start()
+        with pytest.raises(Retryable, match="clickhouse insert failed"):
+            await asyncio.wait_for(w.submit(cols(5), 5, set()), timeout=5)
+        assert client.inserted == []
+        await w.close()
+
+    async def test_full_queue_refuses_at_once(self) -> None:
+        """Beyond max_pending_rows, submit raises Retryable immediately (no unbounded queue)."""
+        client = FakeClient()
+        w = writer(client, batch_rows=1000, flush_interval=10.0, max_pending_rows=20)
+        w.start()
+        first = asyncio.create_task(w.submit(cols(15), 15, set()))
+        await asyncio.sleep(0)
+        with pytest.raises(Retryable, match="queue is full"):
+            await w.submit(cols(10), 10, set())
+        await w.close()  # close flushes what was accepted
+        await first
+        assert client.inserted == [("db.otel_traces", 15)]
+
+    async def test_small_batches_merge_into_one_insert(self) -> None:
+        """Concurrent small submissions become one insert of all their rows."""
+        client = FakeClient()
+        w = writer(client, batch_rows=30, flush_interval=1.0)
+        w.start()
+        await asyncio.wait_for(asyncio.gather(*(w.submit(cols(10), 10, set())
+                                                for _ in range(3))), timeout=5)
+        assert client.inserted == [("db.otel_traces", 30)]
+        await w.close()
+
+
+def _records() -> tuple[SpanBatch, ProfileBatch, AttributionBatch]:
+    tid, sid = bytes(range(16)), bytes(range(1, 9))
+    span = Span(tid, sid, b"", "GET /", 2, "api", 1_700_000_000_000_000_000,
+                1_700_000_000_050_000_000, attributes={"http.method": "GET"})
+    stack = Stack(7, ["leaf", "root"], ["a.py", "a.py"], [1, 2])
+    sample = Sample(tid, sid, "api", 1_700_000_000_010_000_000, 7, "cpu", 10_000_000, 1,
+                    "cpu", "nanoseconds")
+    attr = Attribution(tid, sid, "link", "api", "GET /", b"", span.start_ns, 50_000_000, True,
+                       10_000_000, 0, 1, {"leaf": 10_000_000}, {})
+    return SpanBatch([span]), ProfileBatch([sample], {7: stack}), AttributionBatch([attr])
+
+
+class TestExporterOnEmbeddedEngine:
+    async def test_schema_then_rows_then_restart(self, tmp_path: Path) -> None:
+        """The exporter creates its schema, writes spans, samples with stacks and attribution,
+        and a restart on the same data applies no migration twice."""
+        cfg = Config(endpoint=f"chdb://{tmp_path}/ch", flush_interval=0.05, ttl=0)
+        for round_ in range(2):
+            ex = ClickHouseExporter(cfg, Context("clickhouse", ["traces"], data_dir=str(tmp_path)))
+            await ex.start()
+            if round_ == 0:
+                for batch in _records():
+                    await ex.consume(batch)
+            _, rows = await ex.query("SELECT version FROM spanprof.schema_migrations")
+            assert rows == [(1,)]
+            await ex.shutdown()
+            await ex.shutdown()  # idempotent
+        with clickhouse(tmp_path / "ch") as ch:
+            assert ch.query("SELECT SpanName, SpanKind, Duration, SpanAttributes FROM "
+                            "spanprof.otel_traces").result_rows == \
+                [("GET /", "Server", 50_000_000, {"http.method": "GET"})]
+            assert ch.query("SELECT functions, leaf FROM spanprof.profile_stacks").result_rows \
+                == [(["leaf", "root"], "leaf")]
+            assert ch.query("SELECT cpu_ns, off_cpu_ns FROM spanprof.span_attribution_totals"
+                            ).result_rows == [(10_000_000, 40_000_000)]
+            assert ch.query("SELECT function, self_cpu_ns FROM spanprof.span_functions"
+                            ).result_rows == [("leaf", 10_000_000)]
+
+    async def test_unreachable_server_is_a_config_error_naming_the_key(self) -> None:
+        """A server that cannot be reached fails start-up with the endpoint key in the text."""
+        from pipeline.errors import ConfigError
+
+        cfg = Config(endpoint="http://127.0.0.1:9", timeout=1.0)
+        ex = ClickHouseExporter(cfg, Context("clickhouse", ["traces"]))
+        with pytest.raises(ConfigError, match=r"^exporters\.clickhouse\.endpoint: cannot use"):
+            await ex.start()
+        await ex.shutdown()
+
+    def test_schema_print_has_every_table(self) -> None:
+        """`spanprof schema print` output names every table spanprof writes."""
+        ddl = render(SchemaOptions(database="x", ttl_seconds=3600))
+        for table in ("otel_traces", "otel_traces_trace_id_ts", "profile_stacks",
+                      "profile_samples", "span_attribution", "span_functions",
+                      "unattributed_cpu", "span_attribution_totals"):
+            assert f"x.{table}" in ddl
+        assert "toIntervalSecond(3600)" in ddl

@@ -1,0 +1,126 @@
+"""Configuration: typed decoding, key-path errors, env expansion, and `spanprof validate`."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from pipeline.config import Duration, load_file, load_text
+from pipeline.errors import ConfigError
+from pipeline.registry import factories
+
+TESTDATA = Path(__file__).parent / "testdata"
+INVALID = sorted(p for p in TESTDATA.glob("*.yaml") if p.name != "base.yaml")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def expected(path: Path) -> str:
+    first = path.read_text().splitlines()[0]
+    assert first.startswith("# expect: "), path
+    return first[len("# expect: "):]
+
+
+class TestInvalidConfigs:
+    @pytest.mark.parametrize("path", INVALID, ids=lambda p: p.stem)
+    def test_message_names_the_key_path(self, path: Path) -> None:
+        """Each invalid case is reported with the exact message, key path first."""
+        with pytest.raises(ConfigError) as err:
+            load_file(str(path), env={})
+        assert expected(path) in err.value.problems, err.value.problems
+
+    def test_all_problems_reported_together(self) -> None:
+        """Several mistakes in one file are all reported, not just the first."""
+        text = (TESTDATA / "base.yaml").read_text().replace(
+            "  clickhouse:\n", "  clickhouse:\n    batch_rows: x\n    bogus: 1\n")
+        with pytest.raises(ConfigError) as err:
+            load_text(text + "processors:\n  nope:\n", env={})
+        problems = err.value.problems
+        assert "processors.nope: unknown processor type 'nope' (known: batch)" in problems
+        assert "exporters.clickhouse.batch_rows: expected int, got str" in problems or \
+            "exporters.clickhouse.bogus: unknown key" in problems
+        assert len(problems) >= 2
+
+    def test_not_yaml(self) -> None:
+        """A file that is not YAML names the file."""
+        with pytest.raises(ConfigError, match=r"^x.yaml: not valid YAML"):
+            load_text("a: [1, 2", source="x.yaml")
+
+
+class TestValidConfigs:
+    def test_example_configs_load(self) -> None:
+        """Every shipped example pipeline validates."""
+        for path in sorted((ROOT / "config").glob("*.yaml")):
+            cfg = load_file(str(path), env={})
+            assert cfg.service.pipelines, path
+
+    def test_env_expansion_with_default_and_typed_value(self) -> None:
+        """${env:X} is replaced, ${env:X:-d} falls back to d, a whole-value reference keeps
+        its YAML type, and $$ is a literal dollar."""
+        text = (TESTDATA / "base.yaml").read_text().replace(
+            "  clickhouse:\n",
+            "  clickhouse:\n    batch_rows: ${env:ROWS}\n"
+            "    database: ${env:DB:-spanprof_test}\n    password: a$$b${env:PW}\n")
+        cfg = load_text(text, env={"ROWS": "1234", "PW": "secret"})
+        ch = cfg.exporters["clickhouse"]
+        assert ch.batch_rows == 1234
+        assert ch.database == "spanprof_test"
+        assert ch.password == "a$bsecret"
+
+    def test_named_instances_and_fanout(self) -> None:
+        """type/name ids are instances of the type; a pipeline may fan out to several."""
+        text = (TESTDATA / "base.yaml").read_text().replace(
+            "exporters:\n", "exporters:\n  debug/one:\n  debug/two:\n    verbosity: detailed\n"
+        ).replace("exporters: [clickhouse]", "exporters: [clickhouse, debug/one, debug/two]")
+        cfg = load_text(text, env={})
+        assert cfg.exporters["debug/two"].verbosity == "detailed"
+        assert cfg.exporters["debug/one"].verbosity == "basic"
+
+    @pytest.mark.parametrize("kind,type_", [(k, t) for k, fs in factories().items()
+                                            for t in fs])
+    def test_empty_section_decodes_to_defaults(self, kind: str, type_: str) -> None:
+        """`{}` (or an empty YAML section) is a complete, valid config for every component."""
+        f = factories()[kind][type_]  # type: ignore[index]
+        cfg = msgspec.convert({}, f.config)
+        if hasattr(cfg, "validate"):
+            cfg.validate()
+
+
+class TestDuration:
+    @pytest.mark.parametrize("text,seconds", [("250ms", 0.25), ("10s", 10.0), ("5m", 300.0),
+                                              ("1h", 3600.0), ("7d", 604800.0), (3, 3.0),
+                                              ("1.5s", 1.5), ("20", 20.0)])
+    def test_parses(self, text: object, seconds: float) -> None:
+        """Durations are numbers of seconds or strings with a unit."""
+        assert Duration.parse(text) == pytest.approx(seconds)
+
+    @pytest.mark.parametrize("bad", ["", "soon", "-1s", -1, True, "10 years"])
+    def test_rejects(self, bad: object) -> None:
+        """Anything else is an error, not a silent zero."""
+        with pytest.raises(ValueError):
+            Duration.parse(bad)
+
+
+class TestValidateCommand:
+    def _run(self, path: Path) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "pipeline.cli", "validate", "-c", str(path)],
+                              capture_output=True, text=True, timeout=60,
+                              env={"PATH": "/usr/bin:/bin"}, cwd=ROOT)
+
+    @pytest.mark.parametrize("name", ["unknown_type", "unknown_key", "wrong_type"])
+    def test_exits_2_with_key_path(self, name: str) -> None:
+        """`spanprof validate` rejects an unknown component type, an unknown key and a wrong
+        type, printing the key path, and exits 2."""
+        path = TESTDATA / f"{name}.yaml"
+        res = self._run(path)
+        assert res.returncode == 2, res
+        assert f"error: {expected(path)}" in res.stderr.splitlines()
+
+    def test_ok(self) -> None:
+        """A good file validates with exit code 0 and starts nothing."""
+        res = self._run(ROOT / "config" / "local.yaml")
+        assert res.returncode == 0, res.stderr
+        assert "ok (3 pipelines)" in res.stdout
