@@ -31,7 +31,7 @@ class ProfileBuilder:
         d.stack_table.add()
         d.link_table.add()
         d.attribute_table.add()
-        self._profile_by_service: dict[tuple[str, str, str, str, int], pb.Profile] = {}
+        self._profile_by_service: dict[tuple[object, ...], pb.Profile] = {}
 
     def string(self, s: str) -> int:
         i = self._strings.get(s)
@@ -77,7 +77,7 @@ class ProfileBuilder:
                 unit: str = "nanoseconds", period_type: str = "cpu",
                 period_unit: str = "nanoseconds", period: int = 10_000_000,
                 time_unix_nano: int | None = None) -> pb.Profile:
-        key = (service, sample_type, unit, period_type, period)
+        key = (service, sample_type, unit, period_type, period_unit, period, time_unix_nano)
         prof = self._profile_by_service.get(key)
         if prof is not None:
             return prof

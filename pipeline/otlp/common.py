@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import base64
 import json
+import math
+from decimal import Decimal
 from collections.abc import Iterable
 from typing import Any
 
@@ -10,7 +13,8 @@ UNKNOWN_SERVICE = "unknown_service"
 
 
 def any_value_str(v: Any) -> str:
-    """AnyValue -> string the way the Collector's ClickHouse exporter stores attributes."""
+    """AnyValue -> string exactly as the Collector's ClickHouse exporter stores attributes
+    (pdata ``Value.AsString()``), so the same query matches data from either writer."""
     kind = v.WhichOneof("value")
     if kind == "string_value":
         return str(v.string_value)
@@ -19,25 +23,48 @@ def any_value_str(v: Any) -> str:
     if kind == "bool_value":
         return "true" if v.bool_value else "false"
     if kind == "double_value":
-        return repr(v.double_value)
+        return format_double(v.double_value)
     if kind == "bytes_value":
-        return bytes(v.bytes_value).hex()
+        return base64.b64encode(bytes(v.bytes_value)).decode()
     if kind in ("array_value", "kvlist_value"):
-        return json.dumps(_any_value_py(v), separators=(",", ":"))
+        return _json(v)
     return ""
 
 
-def _any_value_py(v: Any) -> Any:
+def format_double(f: float) -> str:
+    """A double the way Go's encoding/json (ES6 number-to-string) writes it: shortest
+    round-trip digits, fixed notation unless |f| < 1e-6 or >= 1e21, ``1e-7`` not ``1e-07``."""
+    if math.isnan(f):
+        return "NaN"
+    if math.isinf(f):
+        return "+Inf" if f > 0 else "-Inf"
+    a = abs(f)
+    if a != 0 and (a < 1e-6 or a >= 1e21):
+        # Python's repr uses exponent notation throughout these ranges
+        mantissa, _, exp = repr(f).partition("e")
+        sign, digits = exp[0], exp[1:].lstrip("0") or "0"
+        return f"{mantissa}e{sign}{digits if sign == '-' else digits.zfill(2)}"
+    return format(Decimal(repr(f)).normalize(), "f")
+
+
+def _json(v: Any) -> str:
+    """AnyValue -> compact JSON as Go writes ``Value.AsRaw()``: map keys sorted, bytes as
+    base64 strings, doubles as in ``format_double``."""
     kind = v.WhichOneof("value")
     if kind == "array_value":
-        return [_any_value_py(x) for x in v.array_value.values]
+        return "[" + ",".join(_json(x) for x in v.array_value.values) + "]"
     if kind == "kvlist_value":
-        return {kv.key: _any_value_py(kv.value) for kv in v.kvlist_value.values}
+        items = sorted(((kv.key, kv.value) for kv in v.kvlist_value.values), key=lambda i: i[0])
+        return "{" + ",".join(f"{json.dumps(k)}:{_json(x)}" for k, x in items) + "}"
+    if kind == "string_value":
+        return json.dumps(v.string_value, ensure_ascii=False)
     if kind == "bytes_value":
-        return bytes(v.bytes_value).hex()
+        return json.dumps(base64.b64encode(bytes(v.bytes_value)).decode())
+    if kind == "double_value":
+        return format_double(v.double_value)
     if kind is None:
-        return None
-    return getattr(v, kind)
+        return "null"
+    return any_value_str(v)
 
 
 def attributes_dict(kvs: Iterable[Any]) -> dict[str, str]:

@@ -157,9 +157,12 @@ class _Dictionary:
         tid, sid = bytes(lk.trace_id), bytes(lk.span_id)
         if i == 0 or (is_zero(tid) and is_zero(sid)):
             got = (b"", b"")
-        elif len(tid) != 16 or len(sid) != 8 or is_zero(sid):
+        elif len(tid) != 16 or len(sid) != 8:
             raise _Invalid(f"link_table[{i}] needs a 16-byte trace_id and an 8-byte span_id, "
                            f"got {len(tid)} and {len(sid)} bytes")
+        elif is_zero(tid) or is_zero(sid):
+            raise _Invalid(f"link_table[{i}] trace_id and span_id must not be all zero "
+                           "(only both zero means no link)")
         else:
             got = (tid, sid)
         self._link_by_index[i] = got

@@ -40,7 +40,7 @@ def decode_traces(req: ExportTraceServiceRequest) -> Decoded:
                 spans.append(Span(
                     trace_id=bytes(s.trace_id),
                     span_id=bytes(s.span_id),
-                    parent_span_id=bytes(s.parent_span_id),
+                    parent_span_id=b"" if is_zero(s.parent_span_id) else bytes(s.parent_span_id),
                     name=s.name,
                     kind=int(s.kind),
                     service=service,

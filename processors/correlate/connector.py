@@ -63,6 +63,7 @@ class SpanCorrelator:
         self._task: asyncio.Task[None] | None = None
         self._stopped = False
         self._lock = asyncio.Lock()
+        self._wake = asyncio.Event()
 
     def __repr__(self) -> str:
         return f"<SpanCorrelator {self.state!r} outbox={self.outbox_rows}>"
@@ -110,8 +111,13 @@ class SpanCorrelator:
             return True
 
     async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(float(self.cfg.flush_interval))
+        while not self._stopped:
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=float(self.cfg.flush_interval))
+            except TimeoutError:
+                pass
+            if self._stopped:
+                return
             try:
                 await self.flush()
             except Exception:  # never let the flusher die silently
@@ -123,11 +129,10 @@ class SpanCorrelator:
             return
         self._stopped = True
         if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+            # never cancel a send in flight: its rows may already be in the exporter, and
+            # sending them again from the outbox would count them twice
+            self._wake.set()
+            await self._task
         if "attributions" not in self.ctx.next:
             return
         delay = 0.2

@@ -11,7 +11,7 @@ go through the very same client API, so what the tests prove on one holds on the
         password: ${env:CLICKHOUSE_PASSWORD:-}
         database: spanprof
         ttl: 7d                        # 0 keeps data forever
-        batch_rows: 20000              # insert when this many rows are waiting ...
+        batch_rows: 5000               # insert when this many rows are waiting ...
         flush_interval: 1s             # ... or when the oldest waited this long
         max_pending_rows: 500000       # beyond: refuse with a retryable error
         retry_on_failure: {initial_interval: 500ms, max_interval: 30s, max_elapsed_time: 5m}
@@ -51,7 +51,7 @@ class Config(msgspec.Struct, forbid_unknown_fields=True):
     database: str = "spanprof"
     ttl: Duration = Duration(7 * 86400)
     create_schema: bool = True
-    batch_rows: int = 20_000
+    batch_rows: int = 5_000
     flush_interval: Duration = Duration(1.0)
     max_pending_rows: int = 500_000
     timeout: Duration = Duration(30.0)

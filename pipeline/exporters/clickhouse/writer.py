@@ -107,19 +107,23 @@ class Writer:
         await asyncio.shield(gen.done)
 
     async def _run(self) -> None:
+        # Inserts run back to back: while one is in flight the next generation fills, so a
+        # busy exporter inserts big blocks and an idle one waits at most flush_interval.
         while True:
-            try:
-                await asyncio.wait_for(self._wake.wait(), timeout=self.flush_interval)
-            except TimeoutError:
-                pass
-            self._wake.clear()
             gen = self._gen
+            age = time.monotonic() - gen.opened if gen is not None else 0.0
             if gen is not None and (gen.rows >= self.batch_rows or self._closing
-                                    or time.monotonic() - gen.opened >= self.flush_interval):
+                                    or age >= self.flush_interval):
                 self._gen = None
                 await self._flush(gen)
-            if self._closing and self._gen is None:
+                continue
+            if self._closing:
                 return
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=self.flush_interval - age)
+            except TimeoutError:
+                pass
 
     async def _flush(self, gen: _Generation) -> None:
         self._inflight_rows = gen.rows
