@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -135,7 +134,8 @@ def main() -> None:
             cpu = ch.query("SELECT sum(cpu_ns) FROM spanprof.span_attribution").result_rows[0][0]
     print(f"\nembedded pipeline, OTLP/gRPC -> batch -> clickhouse + spancorrelator (chdb), "
           f"{os.cpu_count()} cores, concurrency {args.concurrency}")
-    print(f"  spans    {args.spans:>9} in {t_spans:6.2f}s  -> {args.spans / t_spans:>10,.0f} spans/s"
+    rate = args.spans / t_spans
+    print(f"  spans    {args.spans:>9} in {t_spans:6.2f}s  -> {rate:>10,.0f} spans/s"
           f"   ({args.spans_per_request}/request, acknowledged = durable)")
     print(f"  samples  {args.samples:>9} in {t_samples:6.2f}s  -> "
           f"{args.samples / t_samples:>10,.0f} samples/s ({args.samples_per_request}/request)")

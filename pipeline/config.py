@@ -156,7 +156,8 @@ def _expand(node: Any, path: str, env: dict[str, str], problems: list[str]) -> A
 
 
 def _msgspec_problem(prefix: str, err: msgspec.ValidationError) -> str:
-    """``Expected `int`, got `str` - at `$.port``` -> ``receivers.otlp.port: expected int, got str``."""
+    """msgspec's ``Expected `int`, got `str` - at `$.port``` becomes
+    ``receivers.otlp.port: expected int, got str``."""
     text = str(err)
     where = ""
     m = re.search(r" - at `\$(.*)`$", text)
@@ -237,7 +238,7 @@ def _check_pipelines(raw: RawConfig, known: Any) -> list[str]:
     problems: list[str] = []
     if not raw.service.pipelines:
         problems.append("service.pipelines: at least one pipeline is required")
-    used_connector_as = {cid: [set(), set()] for cid in raw.connectors}
+    used_connector_as: dict[str, list[set[str]]] = {cid: [set(), set()] for cid in raw.connectors}
     for pid, p in raw.service.pipelines.items():
         base = f"service.pipelines.{pid}"
         signal = signal_of(pid)

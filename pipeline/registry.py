@@ -6,6 +6,7 @@ name every valid type, and adding a component touches its own module plus one li
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -26,7 +27,7 @@ class Context:
     id: str
     pipelines: list[str]
     # receivers / connectors: next consumer per output signal; processors: under its signal
-    next: dict[Signal, Consumer] = field(default_factory=dict)
+    next: dict[str, Consumer] = field(default_factory=dict)
     log: Any = None
     data_dir: str = "."
 
@@ -39,7 +40,7 @@ class Context:
 class Factory:
     type: str
     kind: Kind
-    config: type[msgspec.Struct]
+    config: builtins.type[msgspec.Struct]
     create: Callable[[Any, Context], Any]
     # receivers/processors/exporters: the signals they handle; connectors: signals consumed
     signals: tuple[Signal, ...]

@@ -19,7 +19,7 @@ import msgspec
 from pipeline.component import Consumer
 from pipeline.config import Duration
 from pipeline.errors import ConfigError
-from pipeline.records import AttributionBatch, Batch, ProfileBatch, SpanBatch
+from pipeline.records import AttributionBatch, Batch, ProfileBatch, SpanBatch, Stack
 from pipeline.registry import Context, Factory
 
 
@@ -39,7 +39,7 @@ def merge(batches: list[Batch]) -> Batch:
     if isinstance(first, SpanBatch):
         return SpanBatch([s for b in batches for s in b.spans])  # type: ignore[union-attr]
     if isinstance(first, ProfileBatch):
-        stacks = {}
+        stacks: dict[int, Stack] = {}
         for b in batches:
             stacks.update(b.stacks)  # type: ignore[union-attr]
         return ProfileBatch([s for b in batches for s in b.samples], stacks)  # type: ignore[union-attr]
@@ -51,7 +51,7 @@ class BatchProcessor:
     def __init__(self, cfg: Config, ctx: Context, signal: str) -> None:
         self.cfg = cfg
         self.ctx = ctx
-        self.next: Consumer = ctx.next[signal]  # type: ignore[index]
+        self.next: Consumer = ctx.next[signal]
         self._items: list[Batch] = []
         self._waiters: list[asyncio.Future[None]] = []
         self._size = 0

@@ -7,6 +7,7 @@ The dictionary is shared by the whole request and interned, as a real profiler d
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from opentelemetry.proto.collector.profiles.v1development.profiles_service_pb2 import (
     ExportProfilesServiceRequest,
@@ -31,7 +32,7 @@ class ProfileBuilder:
         d.stack_table.add()
         d.link_table.add()
         d.attribute_table.add()
-        self._profile_by_service: dict[tuple[object, ...], pb.Profile] = {}
+        self._profile_by_service: dict[tuple[object, ...], Any] = {}
 
     def string(self, s: str) -> int:
         i = self._strings.get(s)
@@ -76,7 +77,7 @@ class ProfileBuilder:
     def profile(self, service: str = "svc", sample_type: str = "cpu",
                 unit: str = "nanoseconds", period_type: str = "cpu",
                 period_unit: str = "nanoseconds", period: int = 10_000_000,
-                time_unix_nano: int | None = None) -> pb.Profile:
+                time_unix_nano: int | None = None) -> Any:
         key = (service, sample_type, unit, period_type, period_unit, period, time_unix_nano)
         prof = self._profile_by_service.get(key)
         if prof is not None:
@@ -101,8 +102,8 @@ class ProfileBuilder:
 
     def sample(self, frames: list[str], value: int | None, trace_id: bytes = b"",
                span_id: bytes = b"", timestamps: list[int] | None = None,
-               **profile_kw: object) -> pb.Sample:
-        prof = self.profile(**profile_kw)  # type: ignore[arg-type]
+               **profile_kw: Any) -> Any:
+        prof = self.profile(**profile_kw)
         s = prof.samples.add(stack_index=self.stack(frames),
                              link_index=self.link(trace_id, span_id))
         if value is not None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import base64
 import json
 import math
-from decimal import Decimal
 from collections.abc import Iterable
+from decimal import Decimal
 from typing import Any
 
 UNKNOWN_SERVICE = "unknown_service"

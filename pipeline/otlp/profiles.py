@@ -135,7 +135,8 @@ class _Dictionary:
                     raise _Invalid(f"location_table[{li}] function_index {fi} out of range "
                                    f"(function_table has {n_fn})")
                 fn = self.functions[fi]
-                functions.append(self.string(fn.name_strindex, f"function_table[{fi}].name_strindex"))
+                functions.append(self.string(fn.name_strindex,
+                                             f"function_table[{fi}].name_strindex"))
                 files.append(self.string(fn.filename_strindex,
                                          f"function_table[{fi}].filename_strindex"))
                 lines.append(int(line.line))

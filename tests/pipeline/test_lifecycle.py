@@ -8,8 +8,8 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from pipeline.registry import Context, factories
 from pipeline.records import Batch
+from pipeline.registry import Context, factories
 
 ALL = [(kind, t) for kind, fs in factories().items() for t in fs]
 

@@ -75,7 +75,7 @@ def traces(batch: SpanBatch) -> dict[str, Columns]:
 def profiles(batch: ProfileBatch, skip_stacks: set[int] | frozenset[int] = frozenset()
              ) -> dict[str, Columns]:
     ss = batch.samples
-    out = {"profile_samples": {
+    out: dict[str, Columns] = {"profile_samples": {
         "time": [s.time_ns for s in ss],
         "service": [s.service for s in ss],
         "trace_id": [s.trace_id.hex() for s in ss],

@@ -20,7 +20,9 @@ class SchemaOptions:
 
 
 def _ttl(expr: str, o: SchemaOptions) -> str:
-    return f"TTL toDateTime({expr}) + toIntervalSecond({o.ttl_seconds})" if o.ttl_seconds > 0 else ""
+    if o.ttl_seconds <= 0:
+        return ""
+    return f"TTL toDateTime({expr}) + toIntervalSecond({o.ttl_seconds})"
 
 
 def migration_1(o: SchemaOptions) -> list[str]:
@@ -162,7 +164,7 @@ SELECT trace_id, span_id, method,
        max(start_time) AS start_time, max(duration_ns) AS duration_ns,
        max(span_known) AS span_known,
        sum(cpu_ns) AS cpu_ns, sum(wall_ns) AS wall_ns, sum(sample_count) AS sample_count,
-       toUInt64(greatest(0, toInt64(duration_ns) - toInt64(cpu_ns))) AS off_cpu_ns  -- the aliases above
+       toUInt64(greatest(0, toInt64(duration_ns) - toInt64(cpu_ns))) AS off_cpu_ns  -- aliases
 FROM {db}.span_attribution
 GROUP BY trace_id, span_id, method""",
     ]

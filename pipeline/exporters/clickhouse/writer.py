@@ -16,6 +16,7 @@ The pending row count (current generation plus the one being inserted) is bounde
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 import uuid
 from collections.abc import Callable
@@ -156,10 +157,10 @@ class Writer:
                     names = COLUMNS[table]
                     data = [cols[c] for c in names]
                     settings = {"insert_deduplication_token": f"{gen.id}-{table}"}
-                    await loop.run_in_executor(self.executor, lambda t=table, d=data, n=names,
-                                               s=settings: self.client.insert(
-                                                   f"{self.database}.{t}", d, column_names=n,
-                                                   column_oriented=True, settings=s))
+                    insert = functools.partial(
+                        self.client.insert, f"{self.database}.{table}", data,
+                        column_names=names, column_oriented=True, settings=settings)
+                    await loop.run_in_executor(self.executor, insert)
                     gen.inserted.add(table)
                     self.metric(f"sent_rows.{table}", len(data[0]))
                 return

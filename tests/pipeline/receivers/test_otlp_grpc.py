@@ -7,9 +7,9 @@ from typing import Any
 
 import grpc
 import pytest
+from opentelemetry.proto.collector.profiles.v1development import profiles_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as tps
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
-from opentelemetry.proto.collector.profiles.v1development import profiles_service_pb2_grpc
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
 from pipeline.errors import InvalidData, Retryable
