@@ -9,7 +9,7 @@ Ids are raw bytes (16-byte trace id, 8-byte span id); ``b""`` means "absent".
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
@@ -91,6 +91,9 @@ class SpanBatch(msgspec.Struct):
     spans: list[Span]
 
     signal: Signal = "traces"
+    # the requests as received, for exporters that pass OTLP on (Kafka) without re-encoding,
+    # each with the (resource, scope, item) paths the receiver refused
+    sources: list[tuple[Any, list[tuple[int, int, int]]]] = []
 
     def __len__(self) -> int:
         return len(self.spans)
@@ -101,6 +104,7 @@ class ProfileBatch(msgspec.Struct):
     stacks: dict[int, Stack]
 
     signal: Signal = "profiles"
+    sources: list[tuple[Any, list[tuple[int, int, int]]]] = []
 
     def __len__(self) -> int:
         return len(self.samples)

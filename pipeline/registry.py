@@ -52,11 +52,14 @@ def factories() -> dict[Kind, dict[str, Factory]]:
     """All known factories by kind and type name (imported lazily: keeps the CLI fast)."""
     from pipeline.exporters.clickhouse.exporter import FACTORY as clickhouse
     from pipeline.exporters.debug import FACTORY as debug
+    from pipeline.exporters.kafka import FACTORY as kafka_exporter
+    from pipeline.receivers.kafka import FACTORY as kafka_receiver
     from pipeline.receivers.otlp_grpc import FACTORY as otlp
     from processors.batch import FACTORY as batch
     from processors.correlate.connector import FACTORY as spancorrelator
 
-    FACTORIES = [otlp, batch, clickhouse, debug, spancorrelator]
+    FACTORIES = [otlp, kafka_receiver, batch, clickhouse, debug, kafka_exporter,
+                 spancorrelator]
     out: dict[Kind, dict[str, Factory]] = {
         "receiver": {}, "processor": {}, "exporter": {}, "connector": {}
     }

@@ -37,12 +37,14 @@ def merge(batches: list[Batch]) -> Batch:
     if len(batches) == 1:
         return first
     if isinstance(first, SpanBatch):
-        return SpanBatch([s for b in batches for s in b.spans])  # type: ignore[union-attr]
+        return SpanBatch([s for b in batches for s in b.spans],  # type: ignore[union-attr]
+                         sources=[x for b in batches for x in b.sources])  # type: ignore[union-attr]
     if isinstance(first, ProfileBatch):
         stacks: dict[int, Stack] = {}
         for b in batches:
             stacks.update(b.stacks)  # type: ignore[union-attr]
-        return ProfileBatch([s for b in batches for s in b.samples], stacks)  # type: ignore[union-attr]
+        return ProfileBatch([s for b in batches for s in b.samples], stacks,  # type: ignore[union-attr]
+                            sources=[x for b in batches for x in b.sources])  # type: ignore[union-attr]
     return AttributionBatch([a for b in batches for a in b.attributions],  # type: ignore[union-attr]
                             [u for b in batches for u in b.unattributed])  # type: ignore[union-attr]
 

@@ -157,3 +157,17 @@ def wait_until(fn: Any, timeout: float = 30.0, interval: float = 0.2) -> Any:
             return last
         time.sleep(interval)
     raise AssertionError(f"condition not met in {timeout}s; last value: {last!r}")
+
+
+@pytest.fixture(scope="session")
+def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One real Kafka broker for the whole session (jars fetched with Maven and cached)."""
+    from tests.kafka_broker import KafkaBroker, KafkaUnavailable
+
+    try:
+        broker = KafkaBroker(tmp_path_factory.mktemp("kafka"))
+        broker.start()
+    except KafkaUnavailable as err:
+        pytest.fail(str(err), pytrace=False)
+    yield broker
+    broker.stop()

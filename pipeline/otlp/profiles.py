@@ -176,6 +176,7 @@ def decode_profiles(req: ExportProfilesServiceRequest) -> Decoded:
     errors: list[str] = []
     rejected = 0
     used_stacks: set[int] = set()
+    paths: list[tuple[int, int, int]] = []
     for ri, rp in enumerate(req.resource_profiles):
         service = service_name(attributes_dict(rp.resource.attributes))
         for si, sp in enumerate(rp.scope_profiles):
@@ -184,6 +185,7 @@ def decode_profiles(req: ExportProfilesServiceRequest) -> Decoded:
                     out = _decode_profile(d, prof, service)
                 except _Invalid as err:
                     rejected += 1
+                    paths.append((ri, si, pi))
                     if len(errors) < MAX_ERRORS_REPORTED:
                         errors.append(f"resource_profiles[{ri}].scope_profiles[{si}]."
                                       f"profiles[{pi}]: {err}")
@@ -194,7 +196,7 @@ def decode_profiles(req: ExportProfilesServiceRequest) -> Decoded:
     if rejected > len(errors):
         message += f" (and {rejected - len(errors)} more)"
     stacks = {sid: d.stacks[sid] for sid in used_stacks}
-    return Decoded(ProfileBatch(samples, stacks), rejected, message)
+    return Decoded(ProfileBatch(samples, stacks, sources=[(req, paths)]), rejected, message)
 
 
 def _decode_profile(d: _Dictionary, prof: Any, service: str) -> list[Sample]:

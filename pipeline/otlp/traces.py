@@ -22,6 +22,7 @@ def decode_traces(req: ExportTraceServiceRequest) -> Decoded:
     spans: list[Span] = []
     errors: list[str] = []
     rejected = 0
+    paths: list[tuple[int, int, int]] = []
     for ri, rs in enumerate(req.resource_spans):
         res_attrs = attributes_dict(rs.resource.attributes)
         service = service_name(res_attrs)
@@ -33,6 +34,7 @@ def decode_traces(req: ExportTraceServiceRequest) -> Decoded:
                     problem = "end_time_unix_nano is before start_time_unix_nano"
                 if problem is not None:
                     rejected += 1
+                    paths.append((ri, si, pi))
                     if len(errors) < MAX_ERRORS_REPORTED:
                         errors.append(f"resource_spans[{ri}].scope_spans[{si}].spans[{pi}]: "
                                       f"{problem}")
@@ -61,7 +63,7 @@ def decode_traces(req: ExportTraceServiceRequest) -> Decoded:
     message = "; ".join(errors)
     if rejected > len(errors):
         message += f" (and {rejected - len(errors)} more)"
-    return Decoded(SpanBatch(spans), rejected, message)
+    return Decoded(SpanBatch(spans, sources=[(req, paths)]), rejected, message)
 
 
 def _check_ids(trace_id: bytes, span_id: bytes, parent: bytes) -> str | None:

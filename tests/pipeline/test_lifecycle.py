@@ -19,11 +19,15 @@ class Sink:
         pass
 
 
-def make(kind: str, type_: str, tmp_path: Path) -> object:
+def make(kind: str, type_: str, tmp_path: Path, request: pytest.FixtureRequest) -> object:
     f = factories()[kind][type_]  # type: ignore[index]
     raw: dict[str, object] = {}
     if type_ == "otlp":
         raw = {"protocols": {"grpc": {"endpoint": "127.0.0.1:0"}}}
+    if type_ == "kafka":  # the real broker: a receiver cannot start without one
+        raw = {"brokers": [request.getfixturevalue("kafka_broker").bootstrap],
+               "traces": {"topic": "lifecycle_spans"},
+               "profiles": {"topic": "lifecycle_profiles"}}
     cfg = msgspec.convert(raw, f.config)
     signals = f.emits if kind == "connector" else f.signals
     nxt = {signals[0]: Sink()} if kind == "processor" else {s: Sink() for s in signals}
@@ -32,16 +36,18 @@ def make(kind: str, type_: str, tmp_path: Path) -> object:
 
 class TestLifecycle:
     @pytest.mark.parametrize("kind,type_", ALL)
-    async def test_start_shutdown_twice(self, kind: str, type_: str, tmp_path: Path) -> None:
+    async def test_start_shutdown_twice(self, kind: str, type_: str, tmp_path: Path,
+                                        request: pytest.FixtureRequest) -> None:
         """start() returns, shutdown() works and is idempotent."""
-        c = make(kind, type_, tmp_path)
+        c = make(kind, type_, tmp_path, request)
         await c.start()  # type: ignore[attr-defined]
         await c.shutdown()  # type: ignore[attr-defined]
         await c.shutdown()  # type: ignore[attr-defined]
 
     @pytest.mark.parametrize("kind,type_", ALL)
-    async def test_shutdown_without_start(self, kind: str, type_: str, tmp_path: Path) -> None:
+    async def test_shutdown_without_start(self, kind: str, type_: str, tmp_path: Path,
+                                          request: pytest.FixtureRequest) -> None:
         """shutdown() is safe on a component that never started."""
-        c = make(kind, type_, tmp_path)
+        c = make(kind, type_, tmp_path, request)
         await c.shutdown()  # type: ignore[attr-defined]
         assert repr(c)

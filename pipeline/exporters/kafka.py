@@ -1,0 +1,158 @@
+"""``kafka`` exporter: OTLP protobuf messages (``otlp_proto``), one per trace, keyed by the
+trace id's hex as the Collector's ``partition_traces_by_id`` does, so that all spans and all
+linked samples of a trace land on one partition::
+
+    exporters:
+      kafka:
+        brokers: [kafka-0:9092]
+        traces: {topic: otlp_spans}
+        profiles: {topic: otlp_profiles}
+        partitioner: murmur2        # Kafka's default; sarama_compat = the Collector's default
+        producer:
+          compression: zstd         # none | gzip | snappy | lz4 | zstd
+          max_message_bytes: 1000000
+          linger: 5ms
+        timeout: 10s                # waiting for Kafka's acknowledgement
+
+Every message is keyed by trace (the join depends on it). The producer uses ``acks=all``
+and idempotence. A message over ``max_message_bytes`` is
+split (by spans / samples) until it fits, never refused. ``consume`` returns only when Kafka
+has acknowledged every message of the batch; if Kafka is down or slow the caller gets
+``Retryable`` (the receiver answers ``UNAVAILABLE``), never a success for unwritten data.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from typing import Any, Literal
+
+import msgspec
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError
+
+from pipeline.config import Duration
+from pipeline.errors import ConfigError, Retryable
+from pipeline.kafka import ClientConfig, PartitionerName, partitioner
+from pipeline.otlp.split import halve_profiles, halve_traces, split_profiles, split_traces
+from pipeline.records import Batch, ProfileBatch, SpanBatch
+from pipeline.registry import Context, Factory
+
+
+class ProducerConfig(msgspec.Struct, forbid_unknown_fields=True):
+    compression: Literal["none", "gzip", "snappy", "lz4", "zstd"] = "zstd"
+    max_message_bytes: int = 1_000_000
+    linger: Duration = Duration(0.005)
+
+
+class Config(ClientConfig, forbid_unknown_fields=True):
+    partitioner: PartitionerName = "murmur2"
+    producer: ProducerConfig = msgspec.field(default_factory=ProducerConfig)
+
+    def validate(self) -> None:
+        if not self.brokers:
+            raise ConfigError("brokers: at least one broker is required")
+        if self.producer.max_message_bytes < 1024:
+            raise ConfigError("producer.max_message_bytes: must be at least 1024")
+
+
+# room for the record's key, headers and batch framing inside max_message_bytes
+_OVERHEAD = 512
+
+
+class KafkaExporter:
+    def __init__(self, cfg: Config, ctx: Context) -> None:
+        self.cfg = cfg
+        self.ctx = ctx
+        self.log = ctx.log
+        self.producer: AIOKafkaProducer | None = None
+        self.metrics: Counter[str] = Counter()
+        self._stopped = False
+
+    def __repr__(self) -> str:
+        return f"<KafkaExporter {self.ctx.id} {self.cfg.brokers} {dict(self.metrics)}>"
+
+    async def start(self) -> None:
+        p = self.cfg.producer
+        self.producer = AIOKafkaProducer(
+            bootstrap_servers=self.cfg.brokers, client_id=self.cfg.client_id, acks="all",
+            enable_idempotence=True,
+            compression_type=None if p.compression == "none" else p.compression,
+            max_request_size=p.max_message_bytes, linger_ms=int(p.linger * 1000),
+            request_timeout_ms=int(self.cfg.timeout * 1000),
+            partitioner=partitioner(self.cfg.partitioner))
+        try:
+            await self.producer.start()
+        except KafkaError as err:
+            # A gateway must come up while Kafka is away and refuse with UNAVAILABLE; the
+            # client reconnects by itself. Only a config-level failure stops the start.
+            self.log.warning("kafka_unreachable_at_start", brokers=self.cfg.brokers,
+                             error=str(err))
+        self.log.info("kafka_producer_ready", brokers=self.cfg.brokers)
+
+    def messages(self, batch: Batch) -> list[tuple[str, bytes | None, bytes]]:
+        """(topic, key, value) for every message this batch becomes."""
+        limit = self.cfg.producer.max_message_bytes - _OVERHEAD
+        out: list[tuple[str, bytes | None, bytes]] = []
+        if isinstance(batch, SpanBatch):
+            topic, split, halve = self.cfg.traces.topic, split_traces, halve_traces
+        elif isinstance(batch, ProfileBatch):
+            topic, split, halve = self.cfg.profiles.topic, split_profiles, halve_profiles
+        else:
+            raise TypeError(f"{self.ctx.id} does not export {batch.signal}")
+        for req, rejected in batch.sources:
+            # always split by trace: the correlator's join depends on it
+            parts: dict[str, Any] = split(req, rejected)
+            for key, msg in parts.items():
+                pending = [msg]
+                while pending:
+                    m = pending.pop()
+                    data = m.SerializeToString()
+                    if len(data) > limit:
+                        smaller = halve(m)
+                        if len(smaller) > 1:
+                            self.metrics["split_messages"] += 1
+                            pending.extend(smaller)
+                            continue
+                        raise Retryable(f"{self.ctx.id}: one item is {len(data)} bytes, over "
+                                        "producer.max_message_bytes")
+                    out.append((topic, key.encode() if key else None, data))
+        return out
+
+    async def consume(self, batch: Batch) -> None:
+        if self.producer is None or self._stopped:
+            raise Retryable(f"{self.ctx.id}: not running")
+        msgs = self.messages(batch)
+        producer = self.producer
+
+        async def send_all() -> None:
+            futures = [await producer.send(t, value=v, key=k) for t, k, v in msgs]
+            await asyncio.gather(*futures)
+
+        try:
+            await asyncio.wait_for(send_all(), timeout=float(self.cfg.timeout))
+        except (KafkaError, TimeoutError) as err:
+            self.metrics["send_failed_messages"] += len(msgs)
+            raise Retryable(f"{self.ctx.id}: Kafka did not acknowledge the write: "
+                            f"{type(err).__name__} {err}", retry_after=5.0) from None
+        self.metrics["sent_messages"] += len(msgs)
+        self.metrics[f"sent_{'spans' if isinstance(batch, SpanBatch) else 'samples'}"] += \
+            len(batch)
+
+    async def shutdown(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        if self.producer is not None:
+            try:
+                await self.producer.stop()  # flushes what is in flight
+            except KafkaError as err:
+                self.log.warning("kafka_stop_failed", error=str(err))
+
+
+def create(cfg: Config, ctx: Context) -> KafkaExporter:
+    return KafkaExporter(cfg, ctx)
+
+
+FACTORY = Factory(type="kafka", kind="exporter", config=Config, create=create,
+                  signals=("traces", "profiles"))

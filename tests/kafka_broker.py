@@ -1,0 +1,142 @@
+"""A real single-node Apache Kafka broker (KRaft) for tests and benchmarks.
+
+The jars come from Maven Central through ``tests/kafka/pom.xml`` (``mvn
+dependency:copy-dependencies``) and are cached in ``~/.cache/spanprof/kafka-VERSION``
+(``SPANPROF_CACHE`` overrides the root); storage is formatted in a fresh directory and the
+broker listens on free loopback ports. No mock: the tests talk to Kafka itself.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import shutil
+import socket
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+POM = ROOT / "tests" / "kafka" / "pom.xml"
+KAFKA_VERSION = "4.4.0"
+
+
+class KafkaUnavailable(RuntimeError):
+    pass
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def kafka_libs() -> Path:
+    """The broker's jars, fetched once with Maven."""
+    cache = Path(os.environ.get("SPANPROF_CACHE", Path.home() / ".cache" / "spanprof"))
+    libs = cache / f"kafka-{KAFKA_VERSION}" / "libs"
+    if (libs / f"kafka_2.13-{KAFKA_VERSION}.jar").exists():
+        return libs
+    for tool, pkg in (("java", "a Java 17+ runtime (e.g. apt-get install openjdk-17-jre)"),
+                      ("mvn", "Apache Maven (e.g. apt-get install maven)")):
+        if shutil.which(tool) is None:
+            raise KafkaUnavailable(f"the Kafka tests need `{tool}` on PATH: install {pkg}")
+    tmp = libs.with_name("libs.partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    res = subprocess.run(
+        ["mvn", "-q", "-B", "-f", str(POM), "dependency:copy-dependencies",
+         f"-DoutputDirectory={tmp}", f"-Dkafka.version={KAFKA_VERSION}"],
+        capture_output=True, text=True, timeout=900)
+    if res.returncode != 0:
+        raise KafkaUnavailable(f"fetching Kafka {KAFKA_VERSION} with Maven failed:\n"
+                               f"{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
+    tmp.rename(libs)
+    return libs
+
+
+class KafkaBroker:
+    """``start()`` formats storage and launches the broker; ``stop()`` ends it.
+
+    ``stop()`` and ``start()`` again keep the data (same ports), so a test can take the
+    broker away from a running pipeline and bring it back.
+    """
+
+    def __init__(self, workdir: Path, partitions: int = 6) -> None:
+        self.workdir = workdir
+        self.port = _free_port()
+        self.controller_port = _free_port()
+        self.partitions = partitions
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.libs = kafka_libs()
+        self._formatted = False
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def _write_config(self) -> Path:
+        props = {
+            "process.roles": "broker,controller",
+            "node.id": "1",
+            "controller.quorum.voters": f"1@127.0.0.1:{self.controller_port}",
+            "listeners": f"PLAINTEXT://127.0.0.1:{self.port},"
+                         f"CONTROLLER://127.0.0.1:{self.controller_port}",
+            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
+            "controller.listener.names": "CONTROLLER",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "log.dirs": str(self.workdir / "data"),
+            "num.partitions": str(self.partitions),
+            "offsets.topic.replication.factor": "1",
+            "offsets.topic.num.partitions": "6",
+            "transaction.state.log.replication.factor": "1",
+            "transaction.state.log.min.isr": "1",
+            "group.initial.rebalance.delay.ms": "0",
+            "auto.create.topics.enable": "true",
+            "log.flush.interval.messages": "1",
+        }
+        path = self.workdir / "server.properties"
+        path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
+        return path
+
+    def _java(self, *args: str) -> list[str]:
+        return ["java", "-Xms128m", "-Xmx512m", "-XX:+UseSerialGC",
+                "-cp", f"{self.libs}/*", *args]
+
+    def start(self, timeout: float = 90.0) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        config = self._write_config()
+        if not self._formatted:
+            cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+            res = subprocess.run(self._java("kafka.tools.StorageTool", "format", "-t",
+                                            cluster_id, "-c", str(config)),
+                                 capture_output=True, text=True, timeout=120)
+            if res.returncode != 0:
+                raise KafkaUnavailable(f"kafka storage format failed: {res.stderr[-2000:]}")
+            self._formatted = True
+        log = open(self.workdir / "broker.log", "ab")  # noqa: SIM115 - owned by the process
+        self.proc = subprocess.Popen(self._java("kafka.Kafka", str(config)),
+                                     stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise KafkaUnavailable(f"kafka exited {self.proc.returncode}:\n{self.logs()}")
+            if "Kafka Server started" in self.logs():
+                return
+            time.sleep(0.2)
+        raise KafkaUnavailable(f"kafka did not start in {timeout}s:\n{self.logs()}")
+
+    def logs(self) -> str:
+        p = self.workdir / "broker.log"
+        return p.read_text(errors="replace")[-5000:] if p.exists() else ""
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None

@@ -1,0 +1,232 @@
+"""Kafka exporter and receiver against the real broker (tests/kafka_broker.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from opentelemetry.proto.collector.profiles.v1development import profiles_service_pb2 as pps
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as tps
+
+from pipeline.errors import Retryable
+from pipeline.exporters.kafka import Config as ExporterConfig
+from pipeline.exporters.kafka import KafkaExporter, ProducerConfig
+from pipeline.kafka import TopicConfig, fnv1a_32, murmur2_partition, sarama_partition
+from pipeline.otlp.builder import ProfileBuilder
+from pipeline.otlp.profiles import decode_profiles
+from pipeline.otlp.traces import decode_traces
+from pipeline.receivers.kafka import Config as ReceiverConfig
+from pipeline.receivers.kafka import KafkaReceiver
+from pipeline.records import Batch
+from pipeline.registry import Context
+from tests.pipeline.receivers.test_otlp_grpc import span_request
+
+PARTITIONS = 6
+
+
+class TestPartitioners:
+    def test_murmur2_matches_the_java_client(self) -> None:
+        """Kafka's own test vectors (signed murmur2) give the same partitions."""
+        for key, signed in ((b"21", -973932308), (b"foobar", -790332482),
+                            (b"a-little-bit-long-string", -985981536), (b"abc", 479470107)):
+            assert murmur2_partition(key, 1_000_003) == (signed & 0x7FFFFFFF) % 1_000_003
+
+    def test_sarama_compat_is_fnv1a_with_go_remainder(self) -> None:
+        """FNV-1a 32 vectors, then int32 remainder made non-negative, as sarama does."""
+        assert fnv1a_32(b"") == 0x811C9DC5
+        assert fnv1a_32(b"a") == 0xE40C292C
+        assert fnv1a_32(b"foobar") == 0xBF9CF968
+        # 0xbf9cf968 is negative as int32: -1080231576; Go: -(-1080231576 % 6) = 0
+        assert sarama_partition(b"foobar", 6) == 1080231576 % 6
+        assert sarama_partition(b"a", 7) == (0x100000000 - 0xE40C292C) % 7
+
+
+async def _topics(bootstrap: str, *names: str) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(n, PARTITIONS, 1) for n in names])
+    finally:
+        await admin.close()
+
+
+async def _read_all(bootstrap: str, topic: str, n: int, within: float = 30.0) -> list[Any]:
+    c = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
+                         group_id=None)
+    await c.start()
+    out: list[Any] = []
+    try:
+        async with asyncio.timeout(within):
+            while len(out) < n:
+                for recs in (await c.getmany(timeout_ms=500)).values():
+                    out.extend(recs)
+    finally:
+        await c.stop()
+    return out
+
+
+@pytest.fixture
+async def topics(kafka_broker: Any) -> tuple[str, str]:
+    suffix = uuid.uuid4().hex[:8]
+    names = (f"spans_{suffix}", f"profiles_{suffix}")
+    await _topics(kafka_broker.bootstrap, *names)
+    return names
+
+
+def _exporter(bootstrap: str, topics: tuple[str, str], **kw: Any) -> KafkaExporter:
+    cfg = ExporterConfig(brokers=[bootstrap], traces=TopicConfig(topics[0]),
+                         profiles=TopicConfig(topics[1]), timeout=5.0, **kw)
+    cfg.validate()
+    return KafkaExporter(cfg, Context("kafka", ["traces", "profiles"]))
+
+
+class TestKafkaExporter:
+    async def test_messages_per_trace_keyed_and_copartitioned(self, kafka_broker: Any,
+                                                              topics: tuple[str, str]) -> None:
+        """Each message is a plain OTLP request holding one trace, keyed by its hex id; a
+        trace's spans and its samples land on the same partition, the murmur2 one."""
+        ex = _exporter(kafka_broker.bootstrap, topics)
+        await ex.start()
+        tids = [bytes([i + 1]) * 16 for i in range(8)]
+        req = tps.ExportTraceServiceRequest()
+        for t in tids:
+            req.MergeFrom(span_request([bytes([7]) * 8, bytes([8]) * 8], trace_id=t))
+        await ex.consume(decode_traces(req).batch)
+        b = ProfileBuilder()
+        for t in tids:
+            b.sample(["f"], 10, t, bytes([7]) * 8, service="svc")
+        b.sample(["unlinked"], 10, service="svc")
+        await ex.consume(decode_profiles(b.build()).batch)
+        await ex.shutdown()
+
+        spans = await _read_all(kafka_broker.bootstrap, topics[0], len(tids))
+        samples = await _read_all(kafka_broker.bootstrap, topics[1], len(tids) + 1)
+        span_part = {}
+        for rec in spans:
+            msg = tps.ExportTraceServiceRequest.FromString(rec.value)
+            got = {bytes(s.trace_id).hex() for rs in msg.resource_spans
+                   for ss in rs.scope_spans for s in ss.spans}
+            assert got == {rec.key.decode()}
+            assert rec.partition == murmur2_partition(rec.key, PARTITIONS)
+            span_part[rec.key] = rec.partition
+        assert len(span_part) == len(tids)
+        for rec in samples:
+            d = decode_profiles(pps.ExportProfilesServiceRequest.FromString(rec.value))
+            assert d.rejected == 0
+            if rec.key is None:
+                assert [s.trace_id for s in d.batch.samples] == [b""]
+                continue
+            assert {s.trace_id.hex() for s in d.batch.samples} == {rec.key.decode()}
+            assert rec.partition == span_part[rec.key]
+
+    async def test_big_trace_is_split_not_refused(self, kafka_broker: Any,
+                                                  topics: tuple[str, str]) -> None:
+        """A trace bigger than max_message_bytes becomes several messages with one key."""
+        ex = _exporter(kafka_broker.bootstrap, topics,
+                       producer=ProducerConfig(max_message_bytes=4096))
+        await ex.start()
+        req = span_request([i.to_bytes(8, "big") for i in range(1, 301)])
+        await ex.consume(decode_traces(req).batch)
+        await ex.shutdown()
+        assert ex.metrics["split_messages"] > 0
+        n = ex.metrics["sent_messages"]
+        recs = await _read_all(kafka_broker.bootstrap, topics[0], n)
+        ids = [s.span_id for r in recs for rs in tps.ExportTraceServiceRequest.FromString(
+            r.value).resource_spans for ss in rs.scope_spans for s in ss.spans]
+        assert sorted(ids) == sorted(i.to_bytes(8, "big") for i in range(1, 301))
+        assert all(len(r.value) <= 4096 for r in recs) and len({r.key for r in recs}) == 1
+
+    async def test_kafka_down_is_retryable_not_success(self, topics: tuple[str, str]) -> None:
+        """With no broker reachable, consume raises Retryable within the timeout."""
+        from tests.conftest import free_port
+
+        ex = _exporter(f"127.0.0.1:{free_port()}", topics)
+        ex.cfg.timeout = 2.0  # type: ignore[misc]
+        await ex.start()
+        with pytest.raises(Retryable, match="Kafka did not acknowledge"):
+            await ex.consume(decode_traces(span_request([b"\x01" * 8])).batch)
+        await ex.shutdown()
+
+
+class Recorder:
+    def __init__(self, failures: int = 0) -> None:
+        self.failures = failures
+        self.batches: list[Batch] = []
+
+    async def consume(self, batch: Batch) -> None:
+        if self.failures:
+            self.failures -= 1
+            raise Retryable("sink down")
+        self.batches.append(batch)
+
+
+@pytest.fixture
+async def raw_producer(kafka_broker: Any) -> AsyncIterator[AIOKafkaProducer]:
+    p = AIOKafkaProducer(bootstrap_servers=kafka_broker.bootstrap)
+    await p.start()
+    yield p
+    await p.stop()
+
+
+class TestKafkaReceiver:
+    async def _receiver(self, bootstrap: str, topics: tuple[str, str], sink: Recorder,
+                        group: str) -> KafkaReceiver:
+        cfg = ReceiverConfig(brokers=[bootstrap], traces=TopicConfig(topics[0]),
+                             profiles=TopicConfig(topics[1]), group_id=group)
+        r = KafkaReceiver(cfg, Context("kafka", ["traces", "profiles"],
+                                       next={"traces": sink, "profiles": sink}))
+        await r.start()
+        return r
+
+    async def test_any_producer_garbage_skipped_offsets_committed(
+            self, kafka_broker: Any, topics: tuple[str, str], raw_producer: Any) -> None:
+        """Messages written by a plain producer are accepted, a garbage message is skipped
+        and counted, and the group's committed offsets cover everything consumed."""
+        await raw_producer.send_and_wait(topics[0], span_request([b"\x01" * 8])
+                                         .SerializeToString(), partition=0)
+        await raw_producer.send_and_wait(topics[0], b"\xff\xff not protobuf", partition=0)
+        b = ProfileBuilder()
+        b.sample(["f"], 10, b"\x02" * 16, b"\x03" * 8, service="s")
+        await raw_producer.send_and_wait(topics[1], b.build().SerializeToString(), partition=0)
+        sink = Recorder()
+        group = f"g-{uuid.uuid4().hex[:6]}"
+        r = await self._receiver(kafka_broker.bootstrap, topics, sink, group)
+        async with asyncio.timeout(30):
+            while sum(len(x) for x in sink.batches) < 2:
+                await asyncio.sleep(0.1)
+            while r.metrics["committed_messages"] < 3:
+                await asyncio.sleep(0.1)
+        await r.shutdown()
+        assert r.metrics["malformed_messages"] == 1
+        signals = sorted(x.signal for x in sink.batches)
+        assert signals == ["profiles", "traces"]
+        c = AIOKafkaConsumer(bootstrap_servers=kafka_broker.bootstrap, group_id=group)
+        await c.start()
+        try:
+            assert await c.committed(TopicPartition(topics[0], 0)) == 2
+            assert await c.committed(TopicPartition(topics[1], 0)) == 1
+        finally:
+            await c.stop()
+
+    async def test_refusing_sink_pauses_then_delivers_once(
+            self, kafka_broker: Any, topics: tuple[str, str], raw_producer: Any) -> None:
+        """While the sink refuses, the receiver backs off and re-reads; once it recovers the
+        batch is delivered exactly once and committed."""
+        for i in range(5):
+            await raw_producer.send_and_wait(topics[0], span_request(
+                [(i + 1).to_bytes(8, "big")]).SerializeToString(), partition=1)
+        sink = Recorder(failures=2)
+        r = await self._receiver(kafka_broker.bootstrap, topics, sink,
+                                 f"g-{uuid.uuid4().hex[:6]}")
+        async with asyncio.timeout(30):
+            while r.metrics["committed_messages"] < 5:
+                await asyncio.sleep(0.1)
+        await r.shutdown()
+        ids = [s.span_id for b in sink.batches for s in b.spans]  # type: ignore[union-attr]
+        assert sorted(ids) == [(i + 1).to_bytes(8, "big") for i in range(5)]
+        assert sink.failures == 0
