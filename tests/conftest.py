@@ -71,14 +71,18 @@ service:
 class SpanprofProcess:
     """``spanprof run`` in a child process, as a user runs it."""
 
-    def __init__(self, tmp: Path, **yaml_kw: Any) -> None:
+    def __init__(self, tmp: Path, config_text: str | None = None, **yaml_kw: Any) -> None:
+        """``config_text`` may use {grpc_port}, {admin_port} and {data} placeholders."""
         self.tmp = tmp
+        tmp.mkdir(parents=True, exist_ok=True)
         self.grpc_port = free_port()
         self.admin_port = free_port()
         self.data = tmp / "data"
         self.config = tmp / "pipeline.yaml"
-        self.config.write_text(pipeline_yaml(self.grpc_port, self.admin_port, self.data,
-                                             **yaml_kw))
+        text = pipeline_yaml(self.grpc_port, self.admin_port, self.data, **yaml_kw) \
+            if config_text is None else config_text.format(
+                grpc_port=self.grpc_port, admin_port=self.admin_port, data=self.data)
+        self.config.write_text(text)
         self.log_path = tmp / "spanprof.log"
         self.proc: subprocess.Popen[bytes] | None = None
 

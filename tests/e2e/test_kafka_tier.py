@@ -1,0 +1,103 @@
+"""Two tiers joined by the real Kafka broker: a gateway process (OTLP -> Kafka) and a
+correlator process (Kafka -> ClickHouse), as config/gateway.yaml and config/correlator.yaml
+run them."""
+
+from __future__ import annotations
+
+import uuid
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from pipeline.otlp.builder import ProfileBuilder
+from tests.conftest import SpanprofProcess, clickhouse, wait_until
+from tests.e2e.otlp_clients import ids_of, profiles_stub, sdk_tracer
+
+pytestmark = pytest.mark.e2e
+MS = 1_000_000
+
+GATEWAY = """
+receivers:
+  otlp: {{protocols: {{grpc: {{endpoint: "127.0.0.1:{grpc_port}"}}}}}}
+exporters:
+  kafka:
+    brokers: ["%(brokers)s"]
+    traces: {{topic: %(spans)s}}
+    profiles: {{topic: %(profiles)s}}
+service:
+  admin: {{endpoint: "127.0.0.1:{admin_port}"}}
+  telemetry: {{logs: {{encoding: json}}}}
+  pipelines:
+    traces: {{receivers: [otlp], exporters: [kafka]}}
+    profiles: {{receivers: [otlp], exporters: [kafka]}}
+"""
+
+CORRELATOR = """
+receivers:
+  kafka:
+    brokers: ["%(brokers)s"]
+    group_id: %(group)s
+    traces: {{topic: %(spans)s}}
+    profiles: {{topic: %(profiles)s}}
+connectors:
+  spancorrelator: {{grace: 1s, flush_interval: 200ms}}
+exporters:
+  clickhouse: {{endpoint: "chdb://{data}", flush_interval: 200ms}}
+service:
+  admin: {{endpoint: "127.0.0.1:{admin_port}"}}
+  telemetry: {{logs: {{encoding: json}}}}
+  pipelines:
+    traces: {{receivers: [kafka], exporters: [clickhouse, spancorrelator]}}
+    profiles: {{receivers: [kafka], exporters: [clickhouse, spancorrelator]}}
+    attributions: {{receivers: [spancorrelator], exporters: [clickhouse]}}
+"""
+
+
+class TestKafkaTier:
+    def test_gateway_to_correlator_through_kafka(self, tmp_path: Path,
+                                                 kafka_broker: Any) -> None:
+        """Spans from the OpenTelemetry SDK and linked profiles go into the gateway; the
+        correlator, reading Kafka, stores every span with cpu_ns equal to its samples."""
+        names = {"brokers": kafka_broker.bootstrap, "group": f"g{uuid.uuid4().hex[:6]}",
+                 "spans": f"s{uuid.uuid4().hex[:6]}", "profiles": f"p{uuid.uuid4().hex[:6]}"}
+        gateway = SpanprofProcess(tmp_path / "gw", config_text=GATEWAY % names)
+        correlator = SpanprofProcess(tmp_path / "co", config_text=CORRELATOR % names)
+        gateway.start()
+        try:
+            provider, tracer = sdk_tracer(gateway.grpc_target, "checkout")
+            keys = []
+            for i in range(20):
+                with tracer.start_as_current_span(f"op{i}") as span:
+                    keys.append(ids_of(span))
+            provider.force_flush()
+            truth: dict[tuple[bytes, bytes], int] = defaultdict(int)
+            b = ProfileBuilder()
+            for j, (tid, sid) in enumerate(keys):
+                for k in range(j % 3 + 1):
+                    truth[(tid, sid)] += (k + 1) * MS
+                    b.sample([f"fn{k}", "main"], (k + 1) * MS, tid, sid, service="checkout")
+            stub = profiles_stub(grpc.insecure_channel(gateway.grpc_target))
+            assert not stub.Export(b.build(), timeout=30).HasField("partial_success")
+            provider.shutdown()
+            correlator.start()  # after the data: it reads the topics from the start
+
+            def all_attributed() -> bool:
+                got = {(s["trace_id"], s["span_id"]): s["cpu_ns"] for s in
+                       correlator.get("/api/v1/spans?limit=1000")["spans"]}
+                return all(got.get((t.hex(), s.hex())) == v for (t, s), v in truth.items())
+            wait_until(all_attributed, timeout=60)
+            assert gateway.stop() == 0
+            assert correlator.stop() == 0
+        finally:
+            for p in (gateway, correlator):
+                if p.proc is not None and p.proc.poll() is None:
+                    p.proc.kill()
+        with clickhouse(correlator.data) as ch:
+            assert ch.query("SELECT count() FROM spanprof.otel_traces").result_rows[0][0] == 20
+            rows = dict(((bytes.fromhex(t), bytes.fromhex(s)), c) for t, s, c in ch.query(
+                "SELECT trace_id, span_id, cpu_ns FROM spanprof.span_attribution_totals"
+            ).result_rows)
+            assert rows == dict(truth)
