@@ -114,7 +114,9 @@ class KafkaBroker:
             if res.returncode != 0:
                 raise KafkaUnavailable(f"kafka storage format failed: {res.stderr[-2000:]}")
             self._formatted = True
-        log = open(self.workdir / "broker.log", "ab")  # noqa: SIM115 - owned by the process
+        log_path = self.workdir / "broker.log"
+        offset = log_path.stat().st_size if log_path.exists() else 0
+        log = open(log_path, "ab")  # noqa: SIM115 - owned by the process
         self.proc = subprocess.Popen(self._java("kafka.Kafka", str(config)),
                                      stdout=log, stderr=subprocess.STDOUT)
         log.close()
@@ -122,8 +124,10 @@ class KafkaBroker:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise KafkaUnavailable(f"kafka exited {self.proc.returncode}:\n{self.logs()}")
-            if "Kafka Server started" in self.logs():
-                return
+            with open(log_path, "rb") as fh:  # only what this start wrote
+                fh.seek(offset)
+                if b"Kafka Server started" in fh.read():
+                    return
             time.sleep(0.2)
         raise KafkaUnavailable(f"kafka did not start in {timeout}s:\n{self.logs()}")
 

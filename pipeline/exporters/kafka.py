@@ -68,19 +68,23 @@ class KafkaExporter:
         self.producer: AIOKafkaProducer | None = None
         self.metrics: Counter[str] = Counter()
         self._stopped = False
+        self._closing: set[asyncio.Task[None]] = set()
 
     def __repr__(self) -> str:
         return f"<KafkaExporter {self.ctx.id} {self.cfg.brokers} {dict(self.metrics)}>"
 
-    async def start(self) -> None:
+    def _new_producer(self) -> AIOKafkaProducer:
         p = self.cfg.producer
-        self.producer = AIOKafkaProducer(
+        return AIOKafkaProducer(
             bootstrap_servers=self.cfg.brokers, client_id=self.cfg.client_id, acks="all",
             enable_idempotence=True,
             compression_type=None if p.compression == "none" else p.compression,
             max_request_size=p.max_message_bytes, linger_ms=int(p.linger * 1000),
             request_timeout_ms=int(self.cfg.timeout * 1000),
             partitioner=partitioner(self.cfg.partitioner))
+
+    async def start(self) -> None:
+        self.producer = self._new_producer()
         try:
             await self.producer.start()
         except KafkaError as err:
@@ -133,16 +137,44 @@ class KafkaExporter:
             await asyncio.wait_for(send_all(), timeout=float(self.cfg.timeout))
         except (KafkaError, TimeoutError) as err:
             self.metrics["send_failed_messages"] += len(msgs)
+            await self._reset_producer()
             raise Retryable(f"{self.ctx.id}: Kafka did not acknowledge the write: "
                             f"{type(err).__name__} {err}", retry_after=5.0) from None
         self.metrics["sent_messages"] += len(msgs)
         self.metrics[f"sent_{'spans' if isinstance(batch, SpanBatch) else 'samples'}"] += \
             len(batch)
 
+    async def _reset_producer(self) -> None:
+        """Replace the producer after a failed send.
+
+        Batches that timed out leave gaps in the idempotent producer's sequence numbers,
+        which the broker then refuses for good (OutOfOrderSequence); a new producer gets a
+        new producer id. The failed messages were reported as not written, so the clients
+        resend them: at least once, never silently dropped.
+        """
+        old, self.producer = self.producer, self._new_producer()
+        self.metrics["producer_resets"] += 1
+        try:
+            await self.producer.start()
+        except KafkaError as err:
+            self.log.warning("kafka_unreachable", error=str(err))
+        if old is not None:
+            task = asyncio.create_task(self._close_quietly(old))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+
+    async def _close_quietly(self, producer: AIOKafkaProducer) -> None:
+        try:
+            await asyncio.wait_for(producer.stop(), timeout=float(self.cfg.timeout))
+        except (KafkaError, TimeoutError):
+            pass
+
     async def shutdown(self) -> None:
         if self._stopped:
             return
         self._stopped = True
+        if self._closing:
+            await asyncio.gather(*self._closing, return_exceptions=True)
         if self.producer is not None:
             try:
                 await self.producer.stop()  # flushes what is in flight

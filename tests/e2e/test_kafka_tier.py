@@ -101,3 +101,78 @@ class TestKafkaTier:
                 "SELECT trace_id, span_id, cpu_ns FROM spanprof.span_attribution_totals"
             ).result_rows)
             assert rows == dict(truth)
+
+
+class TestBrokerOutage:
+    def test_client_told_retry_while_broker_down_nothing_acked_lost(
+            self, tmp_path: Path) -> None:
+        """A client keeps sending while the broker is stopped and started again: during the
+        outage it gets UNAVAILABLE, never OK; afterwards every span it was told was accepted
+        is in ClickHouse, written by the correlator."""
+        import threading
+        import time
+
+        from tests.e2e.otlp_clients import traces_stub
+        from tests.e2e.test_sigterm import _spans
+        from tests.kafka_broker import KafkaBroker
+
+        broker = KafkaBroker(tmp_path / "kafka")  # its own broker: this test stops it
+        broker.start()
+        names = {"brokers": broker.bootstrap, "group": "outage", "spans": "otlp_spans",
+                 "profiles": "otlp_profiles"}
+        gateway = SpanprofProcess(tmp_path / "gw", config_text=(GATEWAY % names).replace(
+            "service:", "    timeout: 3s\nservice:"))
+        correlator = SpanprofProcess(tmp_path / "co", config_text=CORRELATOR % names)
+        acked: list[tuple[bytes, bytes]] = []
+        codes: list[str] = []
+        stop = threading.Event()
+        try:
+            gateway.start()
+            correlator.start()
+            stub = traces_stub(grpc.insecure_channel(gateway.grpc_target))
+
+            def client() -> None:
+                n = 0
+                while not stop.is_set():
+                    req, keys = _spans(1, n)
+                    n += 1
+                    try:
+                        stub.Export(req, timeout=20)
+                    except grpc.RpcError as err:
+                        codes.append(err.code().name)
+                        time.sleep(0.2)
+                        continue
+                    acked.extend(keys)
+                    codes.append("OK")
+                    time.sleep(0.05)
+
+            t = threading.Thread(target=client)
+            t.start()
+            wait_until(lambda: len(acked) > 200)
+            broker.stop()
+            outage_start = len(codes)
+            wait_until(lambda: codes[outage_start:].count("UNAVAILABLE") >= 3, timeout=60)
+            broker.start()
+            wait_until(lambda: codes[-3:] == ["OK"] * 3, timeout=90)
+            stop.set()
+            t.join(timeout=60)
+            assert "UNAVAILABLE" in codes[outage_start:]
+            want = {(tid.hex(), sid.hex()) for tid, sid in acked}
+
+            def stored() -> bool:
+                got = {(s["trace_id"], s["span_id"]) for s in
+                       correlator.get("/api/v1/spans?limit=10000")["spans"]}
+                return want <= got
+            wait_until(stored, timeout=90)
+            assert gateway.stop() == 0
+            assert correlator.stop() == 0
+        finally:
+            stop.set()
+            for p in (gateway, correlator):
+                if p.proc is not None and p.proc.poll() is None:
+                    p.proc.kill()
+            broker.stop()
+        with clickhouse(correlator.data) as ch:
+            got = {(t, s) for t, s in ch.query(
+                "SELECT TraceId, SpanId FROM spanprof.otel_traces").result_rows}
+        assert want <= got, f"{len(want - got)} acknowledged spans missing"
