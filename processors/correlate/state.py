@@ -92,7 +92,7 @@ class CorrelatorState:
     spans: dict[Key, _Pending] = field(default_factory=dict)
     orphans: dict[Key, _Acc] = field(default_factory=dict)
     emitted: OrderedDict[Key, tuple[float, _SpanInfo]] = field(default_factory=OrderedDict)
-    late: dict[Key, _Acc] = field(default_factory=dict)
+    late: dict[Key, _Pending] = field(default_factory=dict)  # info kept with the data
     unattributed: dict[tuple[str, int], _Acc] = field(default_factory=dict)
     stats: Stats = field(default_factory=Stats)
     _evicted: list[tuple[Key, _SpanInfo | None, _Acc]] = field(default_factory=list)
@@ -141,7 +141,11 @@ class CorrelatorState:
             if pending is not None:
                 acc = pending.acc
             elif key in self.emitted:
-                acc = self.late.get(key) or self.late.setdefault(key, _Acc(now, smp.service))
+                late = self.late.get(key)
+                if late is None:
+                    late = self.late[key] = _Pending(self.emitted[key][1],
+                                                     _Acc(now, smp.service), now)
+                acc = late.acc
             else:
                 acc = self.orphans.get(key) or self.orphans.setdefault(key, _Acc(now, smp.service))
             stack = stacks.get(smp.stack_id)
@@ -162,8 +166,8 @@ class CorrelatorState:
             p = self.spans.pop(key)
             rows.append(_row(key, p.info, p.acc))
             self.emitted[key] = (now + self.late_window, p.info)
-        for key, acc in self.late.items():
-            rows.append(_row(key, self.emitted[key][1] if key in self.emitted else None, acc))
+        for key, late in self.late.items():
+            rows.append(_row(key, late.info, late.acc))
             self.stats.late_reported += 1
         self.late.clear()
         for key in [k for k, a in self.orphans.items()
@@ -186,21 +190,24 @@ class CorrelatorState:
         """Keep held entries within ``max_entries`` by reporting the oldest ones early."""
         while len(self.emitted) and self.entries + len(self.emitted) > self.max_entries:
             self.emitted.popitem(last=False)  # losing a marker loses no data
-        while self.entries > self.max_entries and (self.spans or self.orphans):
-            oldest_span = next(iter(self.spans.items()), None)
-            oldest_orphan = next(iter(self.orphans.items()), None)
-            if oldest_orphan is None or (
-                oldest_span is not None and oldest_span[1].acc.since <= oldest_orphan[1].since
-            ):
-                assert oldest_span is not None
-                key, p = oldest_span
-                del self.spans[key]
+        while self.entries > self.max_entries:
+            # the oldest held entry of the three kinds is reported first
+            heads: list[tuple[float, str, Key]] = []
+            for kind, table in (("span", self.spans), ("late", self.late)):
+                first = next(iter(table.items()), None)
+                if first is not None:
+                    heads.append((first[1].acc.since, kind, first[0]))
+            first_orphan = next(iter(self.orphans.items()), None)
+            if first_orphan is not None:
+                heads.append((first_orphan[1].since, "orphan", first_orphan[0]))
+            _, kind, key = min(heads)
+            if kind == "orphan":
+                self._evicted.append((key, None, self.orphans.pop(key)))
+            else:
+                p = (self.spans if kind == "span" else self.late).pop(key)
                 self._evicted.append((key, p.info, p.acc))
                 self.emitted[key] = (now + self.late_window, p.info)
-            else:
-                key, acc = oldest_orphan
-                del self.orphans[key]
-                self._evicted.append((key, None, acc))
+                self.emitted.move_to_end(key)
             self.stats.evicted += 1
 
 
