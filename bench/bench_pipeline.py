@@ -131,7 +131,8 @@ def main() -> None:
                                  ).result_rows[0][0]
             n_attr = ch.query("SELECT count() FROM spanprof.span_attribution_totals"
                               ).result_rows[0][0]
-            cpu = ch.query("SELECT sum(cpu_ns) FROM spanprof.span_attribution").result_rows[0][0]
+            cpu = ch.query("SELECT sum(cpu_ns) FROM spanprof.span_attribution FINAL"
+                           ).result_rows[0][0]
     print(f"\nembedded pipeline, OTLP/gRPC -> batch -> clickhouse + spancorrelator (chdb), "
           f"{os.cpu_count()} cores, concurrency {args.concurrency}")
     rate = args.spans / t_spans

@@ -56,10 +56,10 @@ class Fanout:
             results = await asyncio.gather(
                 *(c.consume(batch) for c in group), return_exceptions=True
             )
-            _raise_worst(results)
+            raise_worst(results)
 
 
-def _raise_worst(results: Sequence[object]) -> None:
+def raise_worst(results: Sequence[object]) -> None:
     errors = [r for r in results if isinstance(r, BaseException)]
     if not errors:
         return

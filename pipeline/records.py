@@ -94,6 +94,8 @@ class SpanBatch(msgspec.Struct):
     # the requests as received, for exporters that pass OTLP on (Kafka) without re-encoding,
     # each with the (resource, scope, item) paths the receiver refused
     sources: list[tuple[Any, list[tuple[int, int, int]]]] = []
+    # "topic/partition/offset" of the one Kafka message this batch was decoded from
+    origin: str = ""
 
     def __len__(self) -> int:
         return len(self.spans)
@@ -105,6 +107,7 @@ class ProfileBatch(msgspec.Struct):
 
     signal: Signal = "profiles"
     sources: list[tuple[Any, list[tuple[int, int, int]]]] = []
+    origin: str = ""
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -132,6 +135,10 @@ class Attribution(msgspec.Struct, array_like=True, gc=False):
     sample_count: int
     self_cpu_ns: dict[str, int]  # leaf function -> CPU ns
     self_wall_ns: dict[str, int]
+    # identifies what the row was derived from: a deterministic hash of the Kafka message
+    # (so a redelivered message rewrites the same rows, which ClickHouse deduplicates),
+    # or a random id for rows that summarise in-memory state
+    source: int = 0
 
 
 class Unattributed(msgspec.Struct, array_like=True, gc=False):
@@ -142,6 +149,7 @@ class Unattributed(msgspec.Struct, array_like=True, gc=False):
     cpu_ns: int
     wall_ns: int
     sample_count: int
+    source: int = 0
 
 
 class AttributionBatch(msgspec.Struct):

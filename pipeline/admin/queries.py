@@ -90,16 +90,23 @@ async def _add_top_functions(db: Queryable, database: str, spans: list[dict[str,
     by_key = {(s["trace_id"], s["span_id"]): s for s in spans}
     cols, rows = await db.query(
         f"SELECT trace_id, span_id, function, sum(self_cpu_ns) AS self_ns, "
-        f"sum(self_wall_ns) AS self_wall_ns FROM {database}.span_functions "
-        "WHERE trace_id IN {tids:Array(String)} AND span_id IN {sids:Array(String)} "
+        f"sum(self_wall_ns) AS self_wall_ns FROM {database}.span_functions FINAL "
+        "WHERE (trace_id IN {tids:Array(String)} OR trace_id = '') "
+        "AND span_id IN {sids:Array(String)} "
         "AND method = {method:String} "
         "GROUP BY trace_id, span_id, function ORDER BY self_ns DESC, function",
         {"tids": sorted({k[0] for k in by_key}), "sids": sorted({k[1] for k in by_key}),
          "method": method})
-    per_span: dict[tuple[str, str], list[tuple[str, int, int]]] = {}
+    sums: dict[tuple[str, str], dict[str, list[int]]] = {}
+    by_span = {k[1]: k for k in by_key}
     for tid, sid, fn, self_ns, self_wall in rows:
+        if not tid and sid in by_span:  # a span-only sample: its span is known by now
+            tid = by_span[sid][0]
         if (tid, sid) in by_key:
-            per_span.setdefault((tid, sid), []).append((fn, self_ns, self_wall))
+            acc = sums.setdefault((tid, sid), {}).setdefault(fn, [0, 0])
+            acc[0] += self_ns
+            acc[1] += self_wall
+    per_span = {k: [(f, c, w) for f, (c, w) in v.items()] for k, v in sums.items()}
     for key, fns in per_span.items():
         s = by_key[key]
         s["top_functions"] = [{"name": f, "self_ns": c} for f, c, _ in

@@ -161,9 +161,12 @@ class _Dictionary:
         elif len(tid) != 16 or len(sid) != 8:
             raise _Invalid(f"link_table[{i}] needs a 16-byte trace_id and an 8-byte span_id, "
                            f"got {len(tid)} and {len(sid)} bytes")
-        elif is_zero(tid) or is_zero(sid):
-            raise _Invalid(f"link_table[{i}] trace_id and span_id must not be all zero "
-                           "(only both zero means no link)")
+        elif is_zero(sid):
+            raise _Invalid(f"link_table[{i}] span_id must not be all zero when trace_id is set")
+        elif is_zero(tid):
+            # a span-only link (SDKs that label samples with span_id alone): the trace is
+            # resolved by span id in ClickHouse (span_index), whichever worker has the span
+            got = (b"", sid)
         else:
             got = (tid, sid)
         self._link_by_index[i] = got

@@ -13,8 +13,9 @@ any producer)::
         profiles: {topic: otlp_profiles}
         max_poll_records: 2000
 
-Messages of one fetch become one batch per signal; the offsets are committed only after the
-batch was consumed downstream, i.e. is durable. When downstream refuses (``Retryable``),
+Each message becomes one batch that names it (``origin``); the offsets of a fetch are
+committed only after all its batches were consumed downstream, i.e. are durable, including
+the correlator's attribution rows derived from them. When downstream refuses (``Retryable``),
 the partitions are paused, the consumer seeks back to the first unconsumed offset and
 resumes after a backoff: nothing is buffered without bound and no partition stays paused.
 Both topics are read with the range assignor, which gives one worker the same partitions of
@@ -35,13 +36,14 @@ from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.profiles.v1development import profiles_service_pb2 as pps
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as tps
 
+from pipeline.component import raise_worst
+from pipeline.config import Duration
 from pipeline.errors import ConfigError, InvalidData, Retryable
 from pipeline.kafka import ClientConfig
 from pipeline.otlp.profiles import decode_profiles
 from pipeline.otlp.traces import decode_traces
 from pipeline.records import ProfileBatch, SpanBatch
 from pipeline.registry import Context, Factory
-from processors.batch import merge
 
 
 class Config(ClientConfig, forbid_unknown_fields=True):
@@ -49,6 +51,9 @@ class Config(ClientConfig, forbid_unknown_fields=True):
     initial_offset: Literal["earliest", "latest"] = "earliest"
     max_poll_records: int = 2000
     check_copartitioning: bool = True
+    # how soon the group notices a dead worker and hands its partitions to the others
+    session_timeout: Duration = Duration(10.0)
+    heartbeat_interval: Duration = Duration(3.0)
 
     def validate(self) -> None:
         if not self.brokers:
@@ -83,6 +88,8 @@ class KafkaReceiver:
             auto_offset_reset=self.cfg.initial_offset,
             partition_assignment_strategy=(RangePartitionAssignor,),
             max_poll_records=self.cfg.max_poll_records,
+            session_timeout_ms=int(self.cfg.session_timeout * 1000),
+            heartbeat_interval_ms=int(self.cfg.heartbeat_interval * 1000),
             request_timeout_ms=int(self.cfg.timeout * 1000) + 30_000)
         try:
             await self.consumer.start()
@@ -149,15 +156,20 @@ class KafkaReceiver:
                 for rec in records:
                     batch = self._decode(tp.topic, rec.value)
                     if batch is not None and len(batch):
+                        batch.origin = f"{tp.topic}/{tp.partition}/{rec.offset}"
                         by_signal.setdefault(self.topics[tp.topic], []).append(batch)
             try:
                 # spans before samples: the correlator then sees a trace's span first
+                # one batch per message, so that what is derived from a message can name it
+                # (exactly-once attribution); sent together, they share ClickHouse inserts
                 for signal in ("traces", "profiles"):
-                    if signal in by_signal:
-                        merged = merge(by_signal[signal])
-                        await self.ctx.next[signal].consume(merged)
-                        self.metrics[f"accepted_{'spans' if signal == 'traces' else 'samples'}"] \
-                            += len(merged)
+                    batches = by_signal.get(signal, [])
+                    results = await asyncio.gather(
+                        *(self.ctx.next[signal].consume(b) for b in batches),
+                        return_exceptions=True)
+                    raise_worst(results)
+                    self.metrics[f"accepted_{'spans' if signal == 'traces' else 'samples'}"] \
+                        += sum(len(b) for b in batches)
             except (Retryable, InvalidData) as err:
                 if isinstance(err, InvalidData):
                     self.log.error("kafka_batch_refused", error=str(err))  # not retryable

@@ -16,6 +16,11 @@ pipelines and the receiver of an ``attributions`` pipeline::
         profiles:     {receivers: [otlp], exporters: [clickhouse, spancorrelator]}
         attributions: {receivers: [spancorrelator], exporters: [clickhouse]}
 
+Batches from the Kafka receiver (``origin`` set) take another path: their rows are a pure
+function of the message and are written before ``consume`` returns, so that the receiver
+commits the offset only once the attribution is durable (exactly once after crashes, see
+``state.attribute_message``).
+
 Reports that the next stage refuses stay in an outbox and are retried; while the outbox is
 over ``max_entries`` rows, new input is refused with a retryable error (explicit
 backpressure, not an unbounded queue).
@@ -33,7 +38,7 @@ from pipeline.config import Duration
 from pipeline.errors import ConfigError, Retryable
 from pipeline.records import AttributionBatch, Batch, ProfileBatch, SpanBatch
 from pipeline.registry import Context, Factory
-from processors.correlate.state import CorrelatorState
+from processors.correlate.state import CorrelatorState, attribute_message, source_id
 
 
 class Config(msgspec.Struct, forbid_unknown_fields=True):
@@ -81,6 +86,11 @@ class SpanCorrelator:
         if self.outbox_rows > self.cfg.max_entries:
             raise Retryable(f"{self.ctx.id}: attribution output is backed up "
                             f"({self.outbox_rows} rows waiting); retry later", retry_after=5.0)
+        if isinstance(batch, SpanBatch | ProfileBatch) and batch.origin:
+            # from Kafka: write this message's rows now, before its offset is committed
+            await self.ctx.next["attributions"].consume(
+                attribute_message(batch, source_id(batch.origin)))
+            return
         now = self.clock()
         if isinstance(batch, SpanBatch):
             self.state.add_spans(batch.spans, now)

@@ -20,6 +20,7 @@ beyond it the oldest entries are reported early, counted in ``evicted``.
 
 from __future__ import annotations
 
+import os
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -28,6 +29,7 @@ from pipeline.records import (
     AttributionBatch,
     ProfileBatch,
     Span,
+    SpanBatch,
     Unattributed,
 )
 
@@ -175,7 +177,8 @@ class CorrelatorState:
             rows.append(_row(key, None, self.orphans.pop(key)))
             self.stats.orphans_reported += 1
 
-        unattributed = [Unattributed(svc, minute, a.cpu_ns, a.wall_ns, a.count)
+        unattributed = [Unattributed(svc, minute, a.cpu_ns, a.wall_ns, a.count,
+                                     random_source())
                         for (svc, minute), a in self.unattributed.items()]
         self.unattributed.clear()
         while self.emitted:
@@ -223,10 +226,60 @@ def _add(acc: _Acc, measure: str, value: int, count: int, leaf: str | None) -> N
             acc.self_wall[leaf] = acc.self_wall.get(leaf, 0) + value
 
 
+def random_source() -> int:
+    """A fresh id for a row that summarises in-memory state (never deduplicated away)."""
+    return int.from_bytes(os.urandom(8), "little") >> 1
+
+
 def _row(key: Key, info: _SpanInfo | None, acc: _Acc) -> Attribution:
     if info is None:
         return Attribution(key[0], key[1], "link", acc.service, "", b"", 0, 0, False,
-                           acc.cpu_ns, acc.wall_ns, acc.count, acc.self_cpu, acc.self_wall)
+                           acc.cpu_ns, acc.wall_ns, acc.count, acc.self_cpu, acc.self_wall,
+                           random_source())
     return Attribution(key[0], key[1], "link", info.service, info.name, info.parent_span_id,
                        info.start_ns, info.duration_ns, True, acc.cpu_ns, acc.wall_ns,
-                       acc.count, acc.self_cpu, acc.self_wall)
+                       acc.count, acc.self_cpu, acc.self_wall, random_source())
+
+
+def source_id(origin: str) -> int:
+    """Deterministic 63-bit id of a Kafka message ("topic/partition/offset")."""
+    import hashlib
+
+    return int.from_bytes(hashlib.blake2b(origin.encode(), digest_size=8).digest(),
+                          "little") >> 1
+
+
+def attribute_message(batch: SpanBatch | ProfileBatch, source: int) -> AttributionBatch:
+    """The attribution rows one message contributes, as a pure function of the message.
+
+    The Kafka tier writes these before committing the message's offset. A worker that dies
+    before the commit leaves the message to be read again, by itself or by whichever worker
+    takes the partition, and the redelivered message yields the very same rows (same
+    ``source``), which ClickHouse's ReplacingMergeTree keeps once: exactly one contribution
+    per (span, message), whatever crashed where. A span's totals are the sum over messages.
+    """
+    if isinstance(batch, SpanBatch):
+        rows = [Attribution(s.trace_id, s.span_id, "link", s.service, s.name, s.parent_span_id,
+                            s.start_ns, s.duration_ns, True, 0, 0, 0, {}, {}, source)
+                for s in batch.spans]
+        return AttributionBatch(rows)
+    accs: dict[Key, _Acc] = {}
+    unlinked: dict[tuple[str, int], _Acc] = {}
+    for smp in batch.samples:
+        if smp.measure != "cpu" and smp.measure != "wall":
+            continue
+        if not smp.span_id:
+            ukey = (smp.service, smp.time_ns - smp.time_ns % MINUTE_NS)
+            acc = unlinked.get(ukey) or unlinked.setdefault(ukey, _Acc(0.0, smp.service))
+            _add(acc, smp.measure, smp.value, smp.count, None)
+            continue
+        key = (smp.trace_id, smp.span_id)
+        acc = accs.get(key) or accs.setdefault(key, _Acc(0.0, smp.service))
+        stack = batch.stacks.get(smp.stack_id)
+        leaf = stack.functions[0] if stack is not None and stack.functions else UNKNOWN_FRAME
+        _add(acc, smp.measure, smp.value, smp.count, leaf)
+    return AttributionBatch(
+        [Attribution(k[0], k[1], "link", a.service, "", b"", 0, 0, False, a.cpu_ns, a.wall_ns,
+                     a.count, a.self_cpu, a.self_wall, source) for k, a in accs.items()],
+        [Unattributed(svc, minute, a.cpu_ns, a.wall_ns, a.count, source)
+         for (svc, minute), a in unlinked.items()])

@@ -160,7 +160,7 @@ class TestEmbeddedPipeline:
             assert len(late_rows) == len(later) and all(n >= 2 for _, n in late_rows)
             assert ch.query("SELECT count() FROM spanprof.profile_samples").result_rows[0][0] \
                 == sent_samples
-            assert ch.query("SELECT sum(cpu_ns) FROM spanprof.unattributed_cpu "
+            assert ch.query("SELECT sum(cpu_ns) FROM spanprof.unattributed_cpu FINAL "
                             "WHERE service = 'checkout'").result_rows[0][0] == 30 * MS
             n_traces = ch.query("SELECT count() FROM spanprof.otel_traces").result_rows[0][0]
             assert n_traces == len(all_spans)

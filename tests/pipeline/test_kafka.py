@@ -215,8 +215,9 @@ class TestKafkaReceiver:
 
     async def test_refusing_sink_pauses_then_delivers_once(
             self, kafka_broker: Any, topics: tuple[str, str], raw_producer: Any) -> None:
-        """While the sink refuses, the receiver backs off and re-reads; once it recovers the
-        batch is delivered exactly once and committed."""
+        """While the sink refuses, the receiver backs off and re-reads; once it recovers every
+        message is delivered and committed. A message delivered again carries the same
+        origin, which is what makes the correlator's rows for it deduplicate."""
         for i in range(5):
             await raw_producer.send_and_wait(topics[0], span_request(
                 [(i + 1).to_bytes(8, "big")]).SerializeToString(), partition=1)
@@ -227,6 +228,11 @@ class TestKafkaReceiver:
             while r.metrics["committed_messages"] < 5:
                 await asyncio.sleep(0.1)
         await r.shutdown()
-        ids = [s.span_id for b in sink.batches for s in b.spans]  # type: ignore[union-attr]
-        assert sorted(ids) == [(i + 1).to_bytes(8, "big") for i in range(5)]
+        origins: dict[bytes, set[str]] = {}
+        for b in sink.batches:
+            for s in b.spans:  # type: ignore[union-attr]
+                origins.setdefault(s.span_id, set()).add(b.origin)  # type: ignore[union-attr]
+        assert sorted(origins) == [(i + 1).to_bytes(8, "big") for i in range(5)]
+        assert all(len(o) == 1 for o in origins.values())
+        assert all(len(b) == 1 for b in sink.batches)  # one batch per message
         assert sink.failures == 0

@@ -19,11 +19,12 @@ TRACES_COLUMNS = [
 SAMPLES_COLUMNS = ["time", "service", "trace_id", "span_id", "stack_id", "measure",
                    "sample_type", "unit", "value", "count"]
 STACKS_COLUMNS = ["stack_id", "functions", "files", "lines"]
-ATTRIBUTION_COLUMNS = ["trace_id", "span_id", "method", "service", "name", "parent_span_id",
-                       "start_time", "duration_ns", "span_known", "cpu_ns", "wall_ns",
-                       "sample_count"]
-FUNCTIONS_COLUMNS = ["trace_id", "span_id", "method", "function", "self_cpu_ns", "self_wall_ns"]
-UNATTRIBUTED_COLUMNS = ["service", "minute", "cpu_ns", "wall_ns", "sample_count"]
+ATTRIBUTION_COLUMNS = ["trace_id", "span_id", "method", "source", "service", "name",
+                       "parent_span_id", "start_time", "duration_ns", "span_known", "cpu_ns",
+                       "wall_ns", "sample_count"]
+FUNCTIONS_COLUMNS = ["trace_id", "span_id", "method", "function", "source", "self_cpu_ns",
+                     "self_wall_ns"]
+UNATTRIBUTED_COLUMNS = ["service", "minute", "source", "cpu_ns", "wall_ns", "sample_count"]
 
 COLUMNS = {
     "otel_traces": TRACES_COLUMNS,
@@ -106,6 +107,7 @@ def attributions(batch: AttributionBatch) -> dict[str, Columns]:
             "trace_id": [a.trace_id.hex() for a in rows],
             "span_id": [a.span_id.hex() for a in rows],
             "method": [a.method for a in rows],
+            "source": [a.source for a in rows],
             "service": [a.service for a in rows],
             "name": [a.name for a in rows],
             "parent_span_id": [a.parent_span_id.hex() for a in rows],
@@ -127,6 +129,7 @@ def attributions(batch: AttributionBatch) -> dict[str, Columns]:
                 fn["span_id"].append(sid)
                 fn["method"].append(a.method)
                 fn["function"].append(name)
+                fn["source"].append(a.source)
                 fn["self_cpu_ns"].append(a.self_cpu_ns.get(name, 0))
                 fn["self_wall_ns"].append(a.self_wall_ns.get(name, 0))
         if fn["trace_id"]:
@@ -136,6 +139,7 @@ def attributions(batch: AttributionBatch) -> dict[str, Columns]:
         out["unattributed_cpu"] = {
             "service": [x.service for x in u],
             "minute": [x.minute_ns // 1_000_000_000 for x in u],
+            "source": [x.source for x in u],
             "cpu_ns": [x.cpu_ns for x in u],
             "wall_ns": [x.wall_ns for x in u],
             "sample_count": [x.sample_count for x in u],

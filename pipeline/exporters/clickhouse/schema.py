@@ -112,27 +112,28 @@ PARTITION BY toDate(time)
 ORDER BY (service, measure, toStartOfMinute(time), stack_id)
 {_ttl("time", o)}
 SETTINGS ttl_only_drop_parts = 1, {dedup}""",
-        # Attribution rows are deltas (see processors/correlate/state.py): a span's totals are
-        # the sum of its rows, which this engine folds together in the background. max() on
-        # the span's own fields is right because every row of a span carries the same value
-        # or none ('' / 0 for samples whose span was not seen yet).
+        # Attribution rows are deltas (processors/correlate/state.py): a span's totals are the
+        # sum of its rows. Each row names its source: a hash of the Kafka message it came
+        # from, or a random id for in-memory summaries. Replacing on the source makes a
+        # redelivered message (after a worker crash) rewrite, not add: queries read FINAL.
         f"""CREATE TABLE IF NOT EXISTS {db}.span_attribution (
-    trace_id String,
+    trace_id String,                                   -- '' : sample labelled by span only
     span_id String,
     method LowCardinality(String),                     -- link | link+time | thread | window
-    service SimpleAggregateFunction(max, LowCardinality(String)),
-    name SimpleAggregateFunction(max, String),
-    parent_span_id SimpleAggregateFunction(max, String),
-    start_time SimpleAggregateFunction(max, DateTime64(9)),
-    duration_ns SimpleAggregateFunction(max, UInt64),
-    span_known SimpleAggregateFunction(max, UInt8),
-    cpu_ns SimpleAggregateFunction(sum, UInt64),
-    wall_ns SimpleAggregateFunction(sum, UInt64),
-    sample_count SimpleAggregateFunction(sum, UInt64),
-    updated_at SimpleAggregateFunction(max, DateTime) DEFAULT now()
-) ENGINE = AggregatingMergeTree
+    source UInt64,
+    service LowCardinality(String),
+    name String,                                       -- '' on rows from samples
+    parent_span_id String,
+    start_time DateTime64(9),
+    duration_ns UInt64,
+    span_known UInt8,
+    cpu_ns UInt64 CODEC(T64, ZSTD(1)),
+    wall_ns UInt64 CODEC(T64, ZSTD(1)),
+    sample_count UInt64 CODEC(T64, ZSTD(1)),
+    updated_at DateTime DEFAULT now()
+) ENGINE = ReplacingMergeTree
 -- one trace's attribution is one narrow range; method keeps exact and approximate apart
-ORDER BY (trace_id, span_id, method)
+ORDER BY (trace_id, span_id, method, source)
 {_ttl("updated_at", o)}
 SETTINGS {dedup}""",
         f"""CREATE TABLE IF NOT EXISTS {db}.span_functions (
@@ -140,23 +141,49 @@ SETTINGS {dedup}""",
     span_id String,
     method LowCardinality(String),
     function String,
-    self_cpu_ns SimpleAggregateFunction(sum, UInt64),
-    self_wall_ns SimpleAggregateFunction(sum, UInt64),
-    updated_at SimpleAggregateFunction(max, DateTime) DEFAULT now()
-) ENGINE = AggregatingMergeTree
-ORDER BY (trace_id, span_id, method, function)
+    source UInt64,
+    self_cpu_ns UInt64 CODEC(T64, ZSTD(1)),
+    self_wall_ns UInt64 CODEC(T64, ZSTD(1)),
+    updated_at DateTime DEFAULT now()
+) ENGINE = ReplacingMergeTree
+ORDER BY (trace_id, span_id, method, function, source)
 {_ttl("updated_at", o)}
 SETTINGS {dedup}""",
         f"""CREATE TABLE IF NOT EXISTS {db}.unattributed_cpu (
     service LowCardinality(String),
     minute DateTime,
-    cpu_ns SimpleAggregateFunction(sum, UInt64),
-    wall_ns SimpleAggregateFunction(sum, UInt64),
-    sample_count SimpleAggregateFunction(sum, UInt64)
-) ENGINE = AggregatingMergeTree
-ORDER BY (service, minute)
+    source UInt64,
+    cpu_ns UInt64,
+    wall_ns UInt64,
+    sample_count UInt64
+) ENGINE = ReplacingMergeTree
+ORDER BY (service, minute, source)
 {_ttl("minute", o)}
 SETTINGS {dedup}""",
+        # span id -> trace id, for samples that carry only a span id (some Pyroscope SDKs):
+        # resolved here, in ClickHouse, whichever worker saw the sample or the span
+        f"""CREATE TABLE IF NOT EXISTS {db}.span_index (
+    span_id String,
+    trace_id String,
+    time DateTime
+) ENGINE = ReplacingMergeTree
+ORDER BY span_id
+{_ttl("time", o)}""",
+        f"""CREATE MATERIALIZED VIEW IF NOT EXISTS {db}.span_index_mv TO {db}.span_index AS
+SELECT SpanId AS span_id, TraceId AS trace_id, toDateTime(Timestamp) AS time
+FROM {db}.otel_traces""",
+        # Rows with the span's trace resolved (span-only rows through span_index), one per
+        # (trace, span, method, source) thanks to FINAL.
+        f"""CREATE VIEW IF NOT EXISTS {db}.span_attribution_rows AS
+SELECT if(a.trace_id = '' AND ix.trace_id != '', ix.trace_id, a.trace_id) AS trace_id,
+       a.span_id AS span_id, a.method AS method, a.source AS source, a.service AS service,
+       a.name AS name, a.parent_span_id AS parent_span_id, a.start_time AS start_time,
+       a.duration_ns AS duration_ns, a.span_known AS span_known, a.cpu_ns AS cpu_ns,
+       a.wall_ns AS wall_ns, a.sample_count AS sample_count
+FROM {db}.span_attribution AS a FINAL
+LEFT JOIN (SELECT span_id, any(trace_id) AS trace_id FROM {db}.span_index GROUP BY span_id)
+    AS ix ON a.span_id = ix.span_id
+SETTINGS join_use_nulls = 0""",
         # Totals per span, whatever the state of background merges.
         f"""CREATE VIEW IF NOT EXISTS {db}.span_attribution_totals AS
 SELECT trace_id, span_id, method,
@@ -165,7 +192,7 @@ SELECT trace_id, span_id, method,
        max(span_known) AS span_known,
        sum(cpu_ns) AS cpu_ns, sum(wall_ns) AS wall_ns, sum(sample_count) AS sample_count,
        toUInt64(greatest(0, toInt64(duration_ns) - toInt64(cpu_ns))) AS off_cpu_ns  -- aliases
-FROM {db}.span_attribution
+FROM {db}.span_attribution_rows
 GROUP BY trace_id, span_id, method""",
     ]
 

@@ -197,19 +197,15 @@ class TestLinks:
         s = only_sample(decode_profiles(req))
         assert (s.trace_id, s.span_id) == (b"", b"")
 
-    def test_zero_trace_id_with_span_id_rejects(self) -> None:
-        """A link of an all-zero trace_id and a real span_id is invalid, as for spans.
-
-        The trace decoder rejects an all-zero trace_id; a profile link to trace 000...0
-        would join samples to a trace that cannot exist.
-        """
+    def test_zero_trace_id_with_span_id_is_a_span_only_link(self) -> None:
+        """An all-zero trace_id with a real span_id is a span-only link (what a sample that
+        Pyroscope SDKs labelled with span_id alone becomes): kept with trace_id b"", never
+        joined to a trace 000...0; the trace is found later by span id."""
         b = ProfileBuilder()
         b.sample(["leaf"], 10, bytes(16), SPAN)
         dec = decode_profiles(b.build())
-        assert dec.rejected == 1
-        assert dec.batch.samples == []
-        assert dec.message.startswith(
-            "resource_profiles[0].scope_profiles[0].profiles[0]: samples[0]: link_table[1]")
+        assert dec.rejected == 0
+        assert [(s.trace_id, s.span_id) for s in dec.batch.samples] == [(b"", SPAN)]
 
     def test_zero_span_id_with_trace_id_rejects(self) -> None:
         """A link of a real trace_id and an all-zero span_id is invalid."""
