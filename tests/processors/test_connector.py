@@ -1,0 +1,399 @@
+"""SpanCorrelator: the connector around CorrelatorState (outbox, backpressure, lifecycle).
+
+The clock is injected so that windows pass when the test says so; the downstream is a fake
+consumer that records what it accepts and can be made to fail or to block.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+
+import msgspec
+import pytest
+
+from pipeline.config import Duration
+from pipeline.errors import ConfigError, Retryable
+from pipeline.records import (
+    AttributionBatch,
+    Batch,
+    ProfileBatch,
+    Sample,
+    Span,
+    SpanBatch,
+    Stack,
+)
+from pipeline.registry import Context
+from processors.correlate.connector import FACTORY, Config, SpanCorrelator
+
+TRACE = bytes(range(1, 17))
+
+
+class FakeClock:
+    def __init__(self, t: float = 0.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class RecordingLog:
+    """Stands in for the bound structlog logger; keeps the event names."""
+
+    def __init__(self) -> None:
+        self.events: list[str] = []
+
+    def _record(self, event: str, **_: object) -> None:
+        self.events.append(event)
+
+    info = warning = error = exception = _record
+
+
+class FakeDownstream:
+    """Records each batch it accepts; refuses the next ``fail_times`` sends; ``gate`` blocks."""
+
+    def __init__(self) -> None:
+        self.accepted: list[AttributionBatch] = []
+        self.calls = 0
+        self.fail_times = 0
+        self.gate: asyncio.Event | None = None
+        self.entered = asyncio.Event()
+        self.refuse_span: bytes | None = None  # refuse any batch holding this span id
+        # like an exporter that has buffered the rows before it awaits its insert
+        self.keep_on_entry = False
+
+    async def consume(self, batch: Batch) -> None:
+        self.calls += 1
+        self.entered.set()
+        if self.keep_on_entry:
+            assert isinstance(batch, AttributionBatch)
+            self.accepted.append(batch)
+        if self.gate is not None:
+            await self.gate.wait()
+        assert isinstance(batch, AttributionBatch)
+        if self.refuse_span is not None and any(
+                a.span_id == self.refuse_span for a in batch.attributions):
+            raise Retryable("clickhouse: part too large")
+        if self.fail_times:
+            self.fail_times -= 1
+            raise Retryable("clickhouse: unavailable")
+        if not self.keep_on_entry:
+            self.accepted.append(batch)
+
+    def cpu_rows(self) -> Counter[tuple[bytes, int, bool]]:
+        """Every accepted row as (span id, cpu, span known), with multiplicity."""
+        return Counter((a.span_id, a.cpu_ns, a.span_known)
+                       for b in self.accepted for a in b.attributions)
+
+    def cpu_by_span(self) -> Counter[bytes]:
+        out: Counter[bytes] = Counter()
+        for b in self.accepted:
+            for a in b.attributions:
+                out[a.span_id] += a.cpu_ns
+        return out
+
+
+def sid(n: int) -> bytes:
+    return n.to_bytes(8, "big")
+
+
+def spans(*ns: int) -> SpanBatch:
+    return SpanBatch([Span(TRACE, sid(n), b"", f"op{n}", 2, "api", 0, 100) for n in ns])
+
+
+def samples(*pairs: tuple[int | None, int]) -> ProfileBatch:
+    out = [Sample(TRACE if n is not None else b"", sid(n) if n is not None else b"", "api",
+                  0, 1, "cpu", v, 1, "cpu", "nanoseconds") for n, v in pairs]
+    return ProfileBatch(out, {1: Stack(1, ["leaf"], ["a.py"], [1])})
+
+
+def make(grace: float = 10.0, orphan_timeout: float = 60.0, max_entries: int = 1_000,
+         flush_interval: float = 3_600.0, downstream: bool = True,
+         ) -> tuple[SpanCorrelator, FakeDownstream, FakeClock]:
+    fake = FakeDownstream()
+    clock = FakeClock()
+    cfg = Config(grace=Duration(grace), orphan_timeout=Duration(orphan_timeout),
+                 max_entries=max_entries, flush_interval=Duration(flush_interval))
+    nxt = {"attributions": fake} if downstream else {}
+    ctx = Context(id="spancorrelator", pipelines=["traces", "profiles"],
+                  next=nxt, log=RecordingLog())  # type: ignore[arg-type]
+    return SpanCorrelator(cfg, ctx, clock=clock), fake, clock
+
+
+class TestFlush:
+    async def test_sends_only_due_rows(self) -> None:
+        """flush() sends the rows whose window has passed and holds the others."""
+        c, fake, clock = make(grace=10)
+        await c.consume(spans(1))
+        await c.consume(samples((1, 40)))
+        clock.t = 5
+        await c.consume(spans(2))
+        clock.t = 9.9
+        assert await c.flush() is True
+        assert fake.calls == 0
+        clock.t = 10
+        assert await c.flush() is True
+        assert fake.cpu_rows() == Counter({(sid(1), 40, True): 1})
+        clock.t = 15
+        assert await c.flush() is True
+        assert fake.cpu_rows() == Counter({(sid(1), 40, True): 1, (sid(2), 0, True): 1})
+        assert c.outbox_rows == 0
+
+    async def test_nothing_due_sends_nothing(self) -> None:
+        """A flush with nothing due does not call the downstream at all."""
+        c, fake, _ = make()
+        await c.consume(spans(1))
+        assert await c.flush() is True
+        assert fake.calls == 0
+
+    async def test_unattributed_is_sent(self) -> None:
+        """Unlinked CPU is delivered on the next flush as unattributed."""
+        c, fake, _ = make()
+        await c.consume(samples((None, 25)))
+        assert await c.flush() is True
+        assert [u.cpu_ns for b in fake.accepted for u in b.unattributed] == [25]
+
+    async def test_attribution_batch_is_refused(self) -> None:
+        """The connector consumes traces and profiles only."""
+        c, _, _ = make()
+        with pytest.raises(TypeError, match="attributions"):
+            await c.consume(AttributionBatch([]))
+
+
+class TestOutbox:
+    async def test_failed_rows_are_resent_once(self) -> None:
+        """Rows the downstream refused stay in the outbox and go out on the next flush."""
+        c, fake, clock = make(grace=0)
+        fake.fail_times = 1
+        await c.consume(spans(1))
+        await c.consume(samples((1, 10)))
+        assert await c.flush() is False
+        assert fake.accepted == []
+        assert c.outbox_rows == 1
+        assert "outbox=1" in repr(c)
+
+        clock.t = 1
+        await c.consume(spans(2))
+        await c.consume(samples((2, 20), (1, 5)))  # 1 is reported: a late delta row
+        assert await c.flush() is True
+        assert c.outbox_rows == 0
+        assert fake.cpu_rows() == Counter({(sid(1), 10, True): 1, (sid(2), 20, True): 1,
+                                           (sid(1), 5, True): 1})
+        assert fake.cpu_by_span() == {sid(1): 15, sid(2): 20}
+        # the old batch goes first: the outbox keeps its order
+        assert [a.span_id for a in fake.accepted[0].attributions] == [sid(1)]
+
+    async def test_repeated_failures_lose_and_double_nothing(self) -> None:
+        """Across several failed flushes, every row is delivered exactly once in the end."""
+        c, fake, clock = make(grace=0)
+        fed: Counter[bytes] = Counter()
+        fake.fail_times = 3
+        for n in range(1, 6):
+            clock.t = n
+            await c.consume(spans(n))
+            await c.consume(samples((n, n * 100)))
+            fed[sid(n)] += n * 100
+            await c.flush()
+        assert await c.flush() is True
+        assert fake.cpu_by_span() == fed
+        assert sum(fake.cpu_rows().values()) == 5  # one row per span, none repeated
+        assert c.outbox_rows == 0
+
+    async def test_partial_drain_keeps_the_rest(self) -> None:
+        """If a later outbox batch fails, the batches already accepted are not re-sent."""
+        c, fake, clock = make(grace=0)
+        fake.fail_times = 1
+        await c.consume(spans(1))
+        assert await c.flush() is False          # outbox: [1]
+        clock.t = 1
+        await c.consume(spans(2))
+        fake.refuse_span = sid(2)
+        assert await c.flush() is False          # [1] accepted, [2] refused
+        assert fake.cpu_rows() == Counter({(sid(1), 0, True): 1})
+        assert c.outbox_rows == 1
+        fake.refuse_span = None
+        assert await c.flush() is True
+        assert fake.cpu_rows() == Counter({(sid(1), 0, True): 1, (sid(2), 0, True): 1})
+        assert c.outbox_rows == 0
+
+    async def test_send_failure_does_not_raise(self) -> None:
+        """flush() reports a refused send with False rather than an exception."""
+        c, fake, _ = make(grace=0)
+        fake.fail_times = 5
+        await c.consume(spans(1))
+        assert await c.flush() is False
+        assert await c.flush() is False
+        assert c.outbox_rows == 1
+
+
+class TestBackpressure:
+    async def test_refuses_input_when_outbox_over_max_entries(self) -> None:
+        """While the outbox holds more than max_entries rows, consume raises Retryable."""
+        c, fake, _ = make(grace=0, max_entries=2)
+        fake.fail_times = 100
+        await c.consume(spans(1, 2, 3))  # the bound evicts one; all three rows are due
+        assert await c.flush() is False
+        assert c.outbox_rows == 3
+        before = c.state.stats.samples_in, c.state.stats.spans_in
+        with pytest.raises(Retryable) as exc:
+            await c.consume(samples((4, 1)))
+        assert exc.value.retry_after > 0
+        with pytest.raises(Retryable):
+            await c.consume(spans(4))
+        assert (c.state.stats.samples_in, c.state.stats.spans_in) == before  # not taken in
+
+        fake.fail_times = 0
+        assert await c.flush() is True
+        await c.consume(spans(4))  # accepted again once the outbox drained
+        assert c.state.stats.spans_in == 4
+
+    async def test_outbox_at_max_entries_still_accepts(self) -> None:
+        """Exactly max_entries rows waiting is not yet 'over' the bound."""
+        c, fake, _ = make(grace=0, max_entries=3)
+        fake.fail_times = 100
+        await c.consume(spans(1, 2, 3))
+        assert await c.flush() is False
+        assert c.outbox_rows == 3
+        await c.consume(spans(4))
+        assert c.state.stats.spans_in == 4
+
+
+class TestShutdown:
+    async def test_reports_everything_regardless_of_windows(self) -> None:
+        """shutdown() delivers held spans, orphans and unattributed CPU, whatever the windows."""
+        c, fake, _ = make(grace=1_000, orphan_timeout=1_000)
+        await c.start()
+        await c.consume(spans(1))
+        await c.consume(samples((1, 10), (2, 20), (None, 30)))
+        await asyncio.wait_for(c.shutdown(), timeout=5)
+        assert fake.cpu_rows() == Counter({(sid(1), 10, True): 1, (sid(2), 20, False): 1})
+        assert [u.cpu_ns for b in fake.accepted for u in b.unattributed] == [30]
+        assert c.state.entries == 0
+        assert c.outbox_rows == 0
+
+    async def test_idempotent(self) -> None:
+        """A second shutdown() sends nothing more; input after shutdown is refused."""
+        c, fake, _ = make()
+        await c.start()
+        await c.consume(spans(1))
+        await asyncio.wait_for(c.shutdown(), timeout=5)
+        calls = fake.calls
+        await asyncio.wait_for(c.shutdown(), timeout=5)
+        assert fake.calls == calls == 1
+        assert c.log.events.count("correlator_stopped") == 1
+        with pytest.raises(Retryable):
+            await c.consume(spans(2))
+
+    async def test_without_start(self) -> None:
+        """shutdown() without start() is safe, and still flushes what was consumed."""
+        c, fake, _ = make()
+        await c.consume(spans(1))
+        await asyncio.wait_for(c.shutdown(), timeout=5)
+        assert fake.cpu_rows() == Counter({(sid(1), 0, True): 1})
+        await asyncio.wait_for(c.shutdown(), timeout=5)
+
+    async def test_without_start_or_downstream(self) -> None:
+        """A correlator with no attributions consumer shuts down without error, twice."""
+        c, _, _ = make(downstream=False)
+        await c.shutdown()
+        await c.shutdown()
+        assert repr(c)
+
+    async def test_retries_a_refused_final_send(self) -> None:
+        """If the downstream refuses during shutdown, shutdown retries until it is delivered."""
+        c, fake, _ = make(grace=1_000)
+        await c.consume(spans(1))
+        await c.consume(samples((1, 7)))
+        fake.fail_times = 1
+        await asyncio.wait_for(c.shutdown(), timeout=5)
+        assert fake.calls == 2
+        assert fake.cpu_rows() == Counter({(sid(1), 7, True): 1})
+        assert c.outbox_rows == 0
+
+    async def test_send_in_flight_is_not_doubled(self) -> None:
+        """A background flush in flight at shutdown completes; its rows are not sent twice."""
+        c, fake, clock = make(grace=0, flush_interval=0.01)
+        fake.gate = asyncio.Event()
+        fake.keep_on_entry = True  # cancelling this send and re-sending it would double it
+        await c.start()
+        await c.consume(spans(1))
+        await c.consume(samples((1, 11)))
+        await asyncio.wait_for(fake.entered.wait(), timeout=2)  # the flusher is sending
+        clock.t = 1
+        await c.consume(spans(2))  # arrives while the first send is blocked
+        stop = asyncio.create_task(c.shutdown())
+        await asyncio.sleep(0.02)
+        assert not stop.done()  # waits for the send in flight
+        fake.gate.set()
+        await asyncio.wait_for(stop, timeout=5)
+        assert fake.cpu_rows() == Counter({(sid(1), 11, True): 1, (sid(2), 0, True): 1})
+
+
+class TestBackgroundFlush:
+    async def test_flusher_sends_due_rows(self) -> None:
+        """After start(), due rows are sent every flush_interval without an explicit flush."""
+        c, fake, clock = make(grace=5, flush_interval=0.01)
+        await c.start()
+        await c.consume(spans(1))
+        await asyncio.sleep(0.05)
+        assert fake.calls == 0  # grace has not passed on the fake clock
+        clock.t = 5
+        await asyncio.wait_for(fake.entered.wait(), timeout=2)
+        assert fake.cpu_rows() == Counter({(sid(1), 0, True): 1})
+        await c.shutdown()
+        assert fake.calls == 1
+
+
+class TestConfig:
+    def test_empty_decodes_to_defaults(self) -> None:
+        """``{}`` gives the documented defaults."""
+        cfg = msgspec.convert({}, Config)
+        assert (cfg.grace, cfg.orphan_timeout, cfg.late_window) == (10.0, 60.0, 600.0)
+        assert (cfg.max_entries, cfg.flush_interval) == (200_000, 1.0)
+
+    @pytest.mark.parametrize(("kw", "message"), [
+        ({"max_entries": 0}, "max_entries: must be at least 1"),
+        ({"flush_interval": Duration(0)}, "flush_interval: must be greater than 0"),
+    ])
+    def test_invalid_values_name_the_key(self, kw: dict[str, object], message: str) -> None:
+        """Invalid values are configuration errors that name their key."""
+        with pytest.raises(ConfigError, match=message):
+            Config(**kw).validate()  # type: ignore[arg-type]
+
+    def test_factory_is_a_connector(self) -> None:
+        """Registered as ``spancorrelator``: consumes traces and profiles, emits attributions."""
+        assert (FACTORY.type, FACTORY.kind) == ("spancorrelator", "connector")
+        assert (FACTORY.signals, FACTORY.emits) == (("traces", "profiles"), ("attributions",))
+
+
+class TestJoin:
+    async def test_samples_then_span_make_one_known_row(self) -> None:
+        """Samples consumed before their span are joined to it: one known row, their CPU."""
+        c, fake, clock = make(grace=10)
+        await c.consume(samples((1, 300), (1, 200)))
+        clock.t = 3
+        await c.consume(spans(1))
+        clock.t = 13
+        assert await c.flush() is True
+        assert fake.cpu_rows() == Counter({(sid(1), 500, True): 1})
+        (row,) = [a for b in fake.accepted for a in b.attributions]
+        assert row.name == "op1"
+
+
+class TestShutdownRace:
+    async def test_direct_flush_in_flight_is_not_doubled(self) -> None:
+        """Shutdown while a direct flush() is blocked in its send: no row goes twice."""
+        c, fake, _ = make(grace=0)
+        fake.gate = asyncio.Event()
+        fake.keep_on_entry = True
+        await c.consume(spans(1))
+        flushing = asyncio.create_task(c.flush())
+        await asyncio.wait_for(fake.entered.wait(), timeout=2)
+        await c.consume(spans(2))
+        stop = asyncio.create_task(c.shutdown())
+        await asyncio.sleep(0.02)
+        assert not stop.done()  # the final flush waits for the one in flight
+        fake.gate.set()
+        await asyncio.wait_for(asyncio.gather(flushing, stop), timeout=5)
+        assert flushing.result() is True
+        assert fake.cpu_rows() == Counter({(sid(1), 0, True): 1, (sid(2), 0, True): 1})
