@@ -1,0 +1,42 @@
+"""The Kafka tier's per-message attribution: a pure function of the message."""
+
+from __future__ import annotations
+
+from pipeline.records import ProfileBatch, Sample, Span, SpanBatch, Stack
+from processors.correlate.state import attribute_message, source_id
+
+T, S1, S2 = b"\x01" * 16, b"\x02" * 8, b"\x03" * 8
+
+
+def _samples() -> ProfileBatch:
+    mk = lambda tid, sid, v, st=1, m="cpu": Sample(tid, sid, "svc", 120_000_000_000, st, m,  # noqa: E731
+                                                   v, 1, "cpu", "nanoseconds")
+    return ProfileBatch(
+        [mk(T, S1, 5), mk(T, S1, 7, 2), mk(b"", S2, 11), mk(b"", b"", 13),
+         mk(T, S1, 100, m="wall"), mk(T, S1, 999, m="other")],
+        {1: Stack(1, ["leaf", "root"], ["f", "f"], [1, 2]), 2: Stack(2, ["other"], ["f"], [1])})
+
+
+class TestAttributeMessage:
+    def test_same_message_same_rows(self) -> None:
+        """Redelivering a message yields identical rows (the basis of deduplication)."""
+        src = source_id("otlp_profiles/3/42")
+        assert attribute_message(_samples(), src) == attribute_message(_samples(), src)
+        assert source_id("otlp_profiles/3/42") != source_id("otlp_profiles/3/43")
+
+    def test_sums_per_span_leaf_and_unlinked(self) -> None:
+        """CPU per span and per leaf function; span-only samples keep trace b""; unlinked CPU
+        goes to unattributed; wall is separate; other measures are not attributed."""
+        out = attribute_message(_samples(), 9)
+        rows = {(a.trace_id, a.span_id): a for a in out.attributions}
+        assert rows[(T, S1)].cpu_ns == 12 and rows[(T, S1)].wall_ns == 100
+        assert rows[(T, S1)].self_cpu_ns == {"leaf": 5, "other": 7}
+        assert rows[(b"", S2)].cpu_ns == 11 and not rows[(b"", S2)].span_known
+        assert [(u.cpu_ns, u.source) for u in out.unattributed] == [(13, 9)]
+        assert all(a.source == 9 for a in out.attributions)
+
+    def test_span_rows_carry_metadata_and_no_cpu(self) -> None:
+        """A span message yields one known row per span, with its name and duration."""
+        span = Span(T, S1, b"", "GET /", 2, "svc", 10, 60)
+        (row,) = attribute_message(SpanBatch([span]), 5).attributions
+        assert (row.span_known, row.name, row.duration_ns, row.cpu_ns) == (True, "GET /", 50, 0)
