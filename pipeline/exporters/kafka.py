@@ -14,8 +14,10 @@ linked samples of a trace land on one partition::
           linger: 5ms
         timeout: 10s                # waiting for Kafka's acknowledgement
 
-Every message is keyed by trace (the join depends on it). The producer uses ``acks=all``
-and idempotence. A message over ``max_message_bytes`` is
+Every message is keyed by trace (the join depends on it). Profiles are grouped by
+partition (one message per partition, keyed by one of its traces: a busy service's 10 s
+profile holds samples of thousands of traces). The producer uses ``acks=all`` and
+idempotence. A message over ``max_message_bytes`` is
 split (by spans / samples) until it fits, never refused. ``consume`` returns only when Kafka
 has acknowledged every message of the batch; if Kafka is down or slow the caller gets
 ``Retryable`` (the receiver answers ``UNAVAILABLE``), never a success for unwritten data.
@@ -24,6 +26,7 @@ has acknowledged every message of the batch; if Kafka is down or slow the caller
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections import Counter
 from typing import Any, Literal
 
@@ -83,6 +86,12 @@ class KafkaExporter:
             request_timeout_ms=int(self.cfg.timeout * 1000),
             partitioner=partitioner(self.cfg.partitioner))
 
+    @property
+    def _partition_fn(self) -> Any:
+        from pipeline.kafka import murmur2_partition, sarama_partition
+
+        return sarama_partition if self.cfg.partitioner == "sarama_compat" else murmur2_partition
+
     async def start(self) -> None:
         self.producer = self._new_producer()
         try:
@@ -94,7 +103,8 @@ class KafkaExporter:
                              error=str(err))
         self.log.info("kafka_producer_ready", brokers=self.cfg.brokers)
 
-    def messages(self, batch: Batch) -> list[tuple[str, bytes | None, bytes]]:
+    def messages(self, batch: Batch, partitions: int = 0
+                 ) -> list[tuple[str, bytes | None, bytes]]:
         """(topic, key, value) for every message this batch becomes."""
         limit = self.cfg.producer.max_message_bytes - _OVERHEAD
         out: list[tuple[str, bytes | None, bytes]] = []
@@ -106,7 +116,12 @@ class KafkaExporter:
             raise TypeError(f"{self.ctx.id} does not export {batch.signal}")
         for req, rejected in batch.sources:
             # always split by trace: the correlator's join depends on it
-            parts: dict[str, Any] = split(req, rejected)
+            if split is split_profiles and partitions:
+                parts: dict[str, Any] = split_profiles(
+                    req, rejected, bucket_of=functools.partial(_bucket, self._partition_fn,
+                                                               partitions))
+            else:
+                parts = split(req, rejected)
             for key, msg in parts.items():
                 pending = [msg]
                 while pending:
@@ -126,7 +141,15 @@ class KafkaExporter:
     async def consume(self, batch: Batch) -> None:
         if self.producer is None or self._stopped:
             raise Retryable(f"{self.ctx.id}: not running")
-        msgs = self.messages(batch)
+        partitions = 0
+        if isinstance(batch, ProfileBatch):
+            try:
+                partitions = len(await asyncio.wait_for(
+                    self.producer.partitions_for(self.cfg.profiles.topic),
+                    timeout=float(self.cfg.timeout)))
+            except (KafkaError, TimeoutError):
+                partitions = 0  # per-trace messages: slower, still correct
+        msgs = self.messages(batch, partitions)
         producer = self.producer
 
         async def send_all() -> None:
@@ -180,6 +203,10 @@ class KafkaExporter:
                 await self.producer.stop()  # flushes what is in flight
             except KafkaError as err:
                 self.log.warning("kafka_stop_failed", error=str(err))
+
+
+def _bucket(fn: Any, partitions: int, trace_hex: str) -> int:
+    return int(fn(trace_hex.encode(), partitions))
 
 
 def create(cfg: Config, ctx: Context) -> KafkaExporter:

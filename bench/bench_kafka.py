@@ -1,0 +1,81 @@
+"""Throughput of the Kafka tier on this machine, with a real broker.
+
+1. gateway: OTLP/gRPC -> Kafka (acks=all); a request counts once Kafka acknowledged it.
+2. correlator: Kafka -> ClickHouse (embedded) + attribution, from the topics the gateway
+   filled, timed until the group's committed offsets reach the end of both topics.
+
+    make bench      # or: python bench/bench_kafka.py --spans 100000 --samples 500000
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.bench_pipeline import PROFILES, TRACE, blast, profile_requests, trace_requests  # noqa: E402
+from tests.conftest import SpanprofProcess, clickhouse  # noqa: E402
+from tests.e2e.test_kafka_crash import _create_topics, _lag  # noqa: E402
+from tests.e2e.test_kafka_tier import CORRELATOR, GATEWAY  # noqa: E402
+from tests.kafka_broker import KafkaBroker  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--spans", type=int, default=100_000)
+    ap.add_argument("--samples", type=int, default=500_000)
+    ap.add_argument("--concurrency", type=int, default=8)
+    args = ap.parse_args()
+    print(f"building {args.spans} spans and {args.samples} samples ...")
+    treqs, keys = trace_requests(args.spans, 1000)
+    preqs = profile_requests(keys, args.samples, 10_000)
+    with tempfile.TemporaryDirectory(prefix="spanprof-bench-kafka-") as tmp:
+        broker = KafkaBroker(Path(tmp) / "kafka")
+        broker.start()
+        names = {"brokers": broker.bootstrap, "group": "bench", "spans": "otlp_spans",
+                 "profiles": "otlp_profiles"}
+        asyncio.run(_create_topics(broker.bootstrap, names["spans"], names["profiles"]))
+        gateway = SpanprofProcess(Path(tmp) / "gw", config_text=GATEWAY % names)
+        correlator = SpanprofProcess(Path(tmp) / "co", config_text=CORRELATOR % names)
+        try:
+            gateway.start()
+            t_spans = blast(gateway.grpc_target, TRACE, treqs, args.concurrency)
+            t_samples = blast(gateway.grpc_target, PROFILES, preqs, args.concurrency)
+            assert gateway.stop() == 0
+            t0 = time.perf_counter()
+            correlator.start()
+            topics = [names["spans"], names["profiles"]]
+            while asyncio.run(_lag(broker.bootstrap, "bench", topics)) > 0:
+                time.sleep(0.5)
+            t_corr = time.perf_counter() - t0
+            assert correlator.stop() == 0
+        finally:
+            for p in (gateway, correlator):
+                if p.proc is not None and p.proc.poll() is None:
+                    p.proc.kill()
+            broker.stop()
+        with clickhouse(correlator.data) as ch:
+            n_spans = ch.query("SELECT count() FROM spanprof.otel_traces").result_rows[0][0]
+            cpu = ch.query("SELECT sum(cpu_ns) FROM spanprof.span_attribution_totals"
+                           ).result_rows[0][0]
+    print(f"\nKafka tier (broker, gateway and correlator on {os.cpu_count()} cores)")
+    print(f"  gateway     OTLP/gRPC -> Kafka: {args.spans / t_spans:>10,.0f} spans/s, "
+          f"{args.samples / t_samples:>10,.0f} samples/s")
+    print(f"  correlator  Kafka -> ClickHouse: {(args.spans + args.samples) / t_corr:>10,.0f} "
+          f"items/s ({args.spans} spans + {args.samples} samples in {t_corr:.1f}s, incl. "
+          "start-up)")
+    ok = n_spans == args.spans and cpu == args.samples * 10_000_000
+    print(f"  stored {n_spans} spans, cpu {cpu / 1e9:.1f}s -> check:", "ok" if ok else "MISMATCH")
+    if not ok:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
