@@ -77,3 +77,30 @@ def service_name(resource_attributes: dict[str, str]) -> str:
 
 def is_zero(b: bytes) -> bool:
     return not b or b.count(0) == len(b)
+
+
+class Rejections:
+    """Items a decoder refused: their (resource, scope, item) paths, a count, and a message
+    naming the first few (``partial_success.error_message``)."""
+
+    MAX_REPORTED = 3
+
+    def __init__(self) -> None:
+        self.paths: list[tuple[int, int, int]] = []
+        self._errors: list[str] = []
+
+    def add(self, path: tuple[int, int, int], where: str, problem: object) -> None:
+        self.paths.append(path)
+        if len(self._errors) < self.MAX_REPORTED:
+            self._errors.append(f"{where}: {problem}")
+
+    @property
+    def count(self) -> int:
+        return len(self.paths)
+
+    @property
+    def message(self) -> str:
+        text = "; ".join(self._errors)
+        if self.count > len(self._errors):
+            text += f" (and {self.count - len(self._errors)} more)"
+        return text

@@ -20,10 +20,8 @@ from opentelemetry.proto.collector.profiles.v1development.profiles_service_pb2 i
     ExportProfilesServiceRequest,
 )
 
-from pipeline.otlp.common import attributes_dict, is_zero, service_name
+from pipeline.otlp.common import Rejections, attributes_dict, is_zero, service_name
 from pipeline.records import Measure, ProfileBatch, Sample, Stack
-
-MAX_ERRORS_REPORTED = 3
 
 TIME_UNITS = {
     "nanoseconds": 1, "ns": 1, "nanosecond": 1,
@@ -176,10 +174,8 @@ class _Dictionary:
 def decode_profiles(req: ExportProfilesServiceRequest) -> Decoded:
     d = _Dictionary(req.dictionary)
     samples: list[Sample] = []
-    errors: list[str] = []
-    rejected = 0
+    refused = Rejections()
     used_stacks: set[int] = set()
-    paths: list[tuple[int, int, int]] = []
     for ri, rp in enumerate(req.resource_profiles):
         service = service_name(attributes_dict(rp.resource.attributes))
         for si, sp in enumerate(rp.scope_profiles):
@@ -187,19 +183,14 @@ def decode_profiles(req: ExportProfilesServiceRequest) -> Decoded:
                 try:
                     out = _decode_profile(d, prof, service)
                 except _Invalid as err:
-                    rejected += 1
-                    paths.append((ri, si, pi))
-                    if len(errors) < MAX_ERRORS_REPORTED:
-                        errors.append(f"resource_profiles[{ri}].scope_profiles[{si}]."
-                                      f"profiles[{pi}]: {err}")
+                    refused.add((ri, si, pi), f"resource_profiles[{ri}].scope_profiles[{si}]."
+                                f"profiles[{pi}]", err)
                     continue
                 samples.extend(out)
                 used_stacks.update(s.stack_id for s in out)
-    message = "; ".join(errors)
-    if rejected > len(errors):
-        message += f" (and {rejected - len(errors)} more)"
     stacks = {sid: d.stacks[sid] for sid in used_stacks}
-    return Decoded(ProfileBatch(samples, stacks, sources=[(req, paths)]), rejected, message)
+    return Decoded(ProfileBatch(samples, stacks, sources=[(req, refused.paths)]),
+                   refused.count, refused.message)
 
 
 def _decode_profile(d: _Dictionary, prof: Any, service: str) -> list[Sample]:

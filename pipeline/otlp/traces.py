@@ -6,10 +6,8 @@ from typing import NamedTuple
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from pipeline.otlp.common import attributes_dict, is_zero, service_name
+from pipeline.otlp.common import Rejections, attributes_dict, is_zero, service_name
 from pipeline.records import Span, SpanBatch, SpanEvent, SpanLink
-
-MAX_ERRORS_REPORTED = 3
 
 
 class Decoded(NamedTuple):
@@ -20,9 +18,7 @@ class Decoded(NamedTuple):
 
 def decode_traces(req: ExportTraceServiceRequest) -> Decoded:
     spans: list[Span] = []
-    errors: list[str] = []
-    rejected = 0
-    paths: list[tuple[int, int, int]] = []
+    refused = Rejections()
     for ri, rs in enumerate(req.resource_spans):
         res_attrs = attributes_dict(rs.resource.attributes)
         service = service_name(res_attrs)
@@ -33,11 +29,8 @@ def decode_traces(req: ExportTraceServiceRequest) -> Decoded:
                 if problem is None and s.end_time_unix_nano < s.start_time_unix_nano:
                     problem = "end_time_unix_nano is before start_time_unix_nano"
                 if problem is not None:
-                    rejected += 1
-                    paths.append((ri, si, pi))
-                    if len(errors) < MAX_ERRORS_REPORTED:
-                        errors.append(f"resource_spans[{ri}].scope_spans[{si}].spans[{pi}]: "
-                                      f"{problem}")
+                    refused.add((ri, si, pi),
+                                f"resource_spans[{ri}].scope_spans[{si}].spans[{pi}]", problem)
                     continue
                 spans.append(Span(
                     trace_id=bytes(s.trace_id),
@@ -60,10 +53,8 @@ def decode_traces(req: ExportTraceServiceRequest) -> Decoded:
                     links=[SpanLink(bytes(lk.trace_id), bytes(lk.span_id), lk.trace_state,
                                     attributes_dict(lk.attributes)) for lk in s.links],
                 ))
-    message = "; ".join(errors)
-    if rejected > len(errors):
-        message += f" (and {rejected - len(errors)} more)"
-    return Decoded(SpanBatch(spans, sources=[(req, paths)]), rejected, message)
+    return Decoded(SpanBatch(spans, sources=[(req, refused.paths)]), refused.count,
+                   refused.message)
 
 
 def _check_ids(trace_id: bytes, span_id: bytes, parent: bytes) -> str | None:

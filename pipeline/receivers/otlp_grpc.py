@@ -34,6 +34,13 @@ from pipeline.registry import Context, Factory
 TRACE_METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 PROFILES_METHOD = "/opentelemetry.proto.collector.profiles.v1development.ProfilesService/Export"
 ITEMS = {"traces": "spans", "profiles": "samples"}  # metric names count items, not requests
+# signal -> (request type, response type, decoder, partial_success field)
+_SERVICES: dict[str, tuple[Any, Any, Any, str]] = {
+    "traces": (tps.ExportTraceServiceRequest, tps.ExportTraceServiceResponse, decode_traces,
+               "rejected_spans"),
+    "profiles": (pps.ExportProfilesServiceRequest, pps.ExportProfilesServiceResponse,
+                 decode_profiles, "rejected_profiles"),
+}
 
 
 class GrpcConfig(msgspec.Struct, forbid_unknown_fields=True):
@@ -107,43 +114,33 @@ class OtlpGrpcReceiver:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
         self.metrics[f"accepted_{ITEMS[signal]}"] += len(batch)
 
-    async def _export_traces(self, data: bytes, context: grpc.aio.ServicerContext) -> bytes:
+    async def _export(self, signal: str, data: bytes,
+                      context: grpc.aio.ServicerContext) -> bytes:
+        """Parse, validate, deliver and answer one Export call of either service."""
+        request_type, response_type, decode, rejected_field = _SERVICES[signal]
         try:
-            req = tps.ExportTraceServiceRequest.FromString(data)
+            req = request_type.FromString(data)
         except DecodeError as err:
             self.metrics["malformed_requests"] += 1
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                f"not an ExportTraceServiceRequest: {err}")
-        decoded = decode_traces(req)
-        if decoded.batch.spans:
-            await self._deliver("traces", decoded.batch, context)
-        resp = tps.ExportTraceServiceResponse()
+                                f"not an {request_type.__name__}: {err}")
+        decoded = decode(req)
+        if len(decoded.batch):
+            await self._deliver(signal, decoded.batch, context)
+        resp = response_type()
         if decoded.rejected:
-            self.metrics["refused_spans"] += decoded.rejected
-            resp.partial_success.rejected_spans = decoded.rejected
+            self.metrics[f"refused_{rejected_field.split('_', 1)[1]}"] += decoded.rejected
+            setattr(resp.partial_success, rejected_field, decoded.rejected)
             resp.partial_success.error_message = decoded.message
-            self.log.info("otlp_spans_rejected", rejected=decoded.rejected,
+            self.log.info("otlp_items_rejected", signal=signal, rejected=decoded.rejected,
                           reason=decoded.message[:300])
         return bytes(resp.SerializeToString())
 
+    async def _export_traces(self, data: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        return await self._export("traces", data, context)
+
     async def _export_profiles(self, data: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        try:
-            req = pps.ExportProfilesServiceRequest.FromString(data)
-        except DecodeError as err:
-            self.metrics["malformed_requests"] += 1
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                f"not an ExportProfilesServiceRequest: {err}")
-        decoded = decode_profiles(req)
-        if decoded.batch.samples:
-            await self._deliver("profiles", decoded.batch, context)
-        resp = pps.ExportProfilesServiceResponse()
-        if decoded.rejected:
-            self.metrics["refused_profiles"] += decoded.rejected
-            resp.partial_success.rejected_profiles = decoded.rejected
-            resp.partial_success.error_message = decoded.message
-            self.log.info("otlp_profiles_rejected", rejected=decoded.rejected,
-                          reason=decoded.message[:300])
-        return bytes(resp.SerializeToString())
+        return await self._export("profiles", data, context)
 
     async def shutdown(self) -> None:
         """Stop accepting; let in-flight requests finish (they wait for durability)."""
