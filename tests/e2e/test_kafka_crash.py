@@ -60,12 +60,13 @@ async def _lag(bootstrap_servers: str, group: str, topics: list[str]) -> int:
         await c.stop()
 
 
-async def _rewind(bootstrap_servers: str, group: str, topics: list[str]) -> None:
+async def _rewind(bootstrap_servers: str, group: str, topics: list[str],
+                  partitions: range = range(3)) -> None:
     c = AIOKafkaConsumer(bootstrap_servers=bootstrap_servers, group_id=group,
                          enable_auto_commit=False)
     await c.start()
     try:
-        tps = [TopicPartition(t, p) for t in topics for p in range(3)]
+        tps = [TopicPartition(t, p) for t in topics for p in partitions]
         c.assign(tps)
         await c.commit({tp: 0 for tp in tps})
     finally:
@@ -171,3 +172,57 @@ class TestWorkerCrash:
         assert raw_rows > final_rows, "the rewind should have redelivered messages"
         # rows written twice (a message redelivered after the kill) were kept once
         print(f"attribution rows written {raw_rows}, kept {final_rows}, spans {len(got)}")
+
+
+class TestRedelivery:
+    def test_redelivered_range_writes_no_new_rows(self, tmp_path: Path,
+                                                  kafka_broker: Any) -> None:
+        """A worker reads everything, its group is rewound to the start, and it reads it all
+        again: spans (FINAL), samples and attribution come out exactly as after one read."""
+        suffix = uuid.uuid4().hex[:6]
+        names = {"brokers": kafka_broker.bootstrap, "group": f"redo{suffix}",
+                 "spans": f"spans{suffix}", "profiles": f"profiles{suffix}"}
+        topics = [names["spans"], names["profiles"]]
+        asyncio.run(_create_topics(kafka_broker.bootstrap, *topics))
+        gateway = SpanprofProcess(tmp_path / "gw", config_text=GATEWAY % names)
+        worker = SpanprofProcess(tmp_path / "w", config_text=CORRELATOR % names)
+        truth: dict[tuple[bytes, bytes], int] = defaultdict(int)
+        n_samples = 0
+        try:
+            gateway.start()
+            channel = grpc.insecure_channel(gateway.grpc_target)
+            for wave in range(3):
+                req, keys = _spans(wave, 0)
+                traces_stub(channel).Export(req, timeout=30)
+                b = ProfileBuilder()
+                for j, (tid, sid) in enumerate(keys):
+                    truth[(tid, sid)] += (j + 1) * MS
+                    b.sample([f"fn{j % 4}"], (j + 1) * MS, tid, sid, service="svc")
+                    n_samples += 1
+                profiles_stub(channel).Export(b.build(), timeout=30)
+            assert gateway.stop() == 0
+
+            def read_all() -> None:
+                worker.start()
+                wait_until(lambda: asyncio.run(_lag(kafka_broker.bootstrap, names["group"],
+                                                    topics)) == 0, timeout=90, interval=0.5)
+                time.sleep(0.5)
+                assert worker.stop() == 0
+
+            read_all()
+            asyncio.run(_rewind(kafka_broker.bootstrap, names["group"], topics,
+                                range(PARTITIONS)))
+            read_all()
+        finally:
+            for p in (gateway, worker):
+                if p.proc is not None and p.proc.poll() is None:
+                    p.proc.kill()
+        with clickhouse(worker.data) as ch:
+            assert ch.query("SELECT count() FROM spanprof.otel_traces FINAL"
+                            ).result_rows[0][0] == len(truth)
+            assert ch.query("SELECT count() FROM spanprof.profile_samples").result_rows[0][0] \
+                == n_samples
+            got = {(bytes.fromhex(t), bytes.fromhex(s)): c for t, s, c in ch.query(
+                "SELECT trace_id, span_id, cpu_ns FROM spanprof.span_attribution_totals"
+            ).result_rows}
+        assert got == dict(truth)

@@ -159,7 +159,10 @@ class ClickHouseExporter:
         else:
             raise TypeError(type(batch))
         n = sum(len(next(iter(c.values()), [])) for c in tables.values())
-        await self.writer.submit(tables, n, stacks)
+        # samples from one Kafka message: their own block, deduplicated by the message's name
+        # if it is delivered again (spans need no token: otel_traces replaces by span id)
+        token = batch.origin if isinstance(batch, ProfileBatch) and batch.origin else None
+        await self.writer.submit(tables, n, stacks, token=token)
 
     async def query(self, sql: str, parameters: dict[str, Any] | None = None
                     ) -> tuple[list[str], list[tuple[Any, ...]]]:

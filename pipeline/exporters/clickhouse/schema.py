@@ -28,7 +28,7 @@ def _ttl(expr: str, o: SchemaOptions) -> str:
 def migration_1(o: SchemaOptions) -> list[str]:
     db = o.database
     # dedup window: a retried insert with the same insert_deduplication_token is a no-op
-    dedup = "non_replicated_deduplication_window = 1000"
+    dedup = "non_replicated_deduplication_window = 10000"
     return [
         # The Collector exporter's traces table, same names and types, so Grafana's ClickHouse
         # data source and existing queries run unchanged on spanprof's data.
@@ -61,10 +61,12 @@ def migration_1(o: SchemaOptions) -> list[str]:
     ) CODEC(ZSTD(1)),
     INDEX idx_trace_id TraceId TYPE bloom_filter(0.001) GRANULARITY 1,
     INDEX idx_duration Duration TYPE minmax GRANULARITY 1
-) ENGINE = MergeTree
+) ENGINE = ReplacingMergeTree
 PARTITION BY toDate(Timestamp)
--- the Collector's key: "spans of a service/operation over time" reads a narrow range
-ORDER BY (ServiceName, SpanName, toDateTime(Timestamp))
+-- the Collector's key: "spans of a service/operation over time" reads a narrow range;
+-- TraceId, SpanId appended so that a span delivered twice (Kafka redelivery after a
+-- worker crash, a client's retry) collapses to one row (read FINAL for exact counts)
+ORDER BY (ServiceName, SpanName, toDateTime(Timestamp), TraceId, SpanId)
 {_ttl("Timestamp", o)}
 SETTINGS index_granularity = 8192, ttl_only_drop_parts = 1, {dedup}""",
         # trace id -> time range, so "one trace" reads one partition range of otel_traces

@@ -32,7 +32,7 @@ TABLE_ORDER = ["profile_stacks", "otel_traces", "profile_samples", "span_attribu
 
 
 class _Generation:
-    __slots__ = ("id", "tables", "rows", "done", "stacks", "opened", "inserted")
+    __slots__ = ("id", "tables", "rows", "done", "stacks", "opened", "inserted", "blocks")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.id = uuid.uuid4().hex
@@ -42,6 +42,9 @@ class _Generation:
         self.stacks: set[int] = set()
         self.opened = time.monotonic()
         self.inserted: set[str] = set()
+        # rows that must be inserted as their own block under a deterministic token (one
+        # Kafka message each): a redelivered message's insert is then dropped by the server
+        self.blocks: list[tuple[str, dict[str, Columns]]] = []
 
     def add(self, tables: dict[str, Columns]) -> None:
         for table, cols in tables.items():
@@ -88,7 +91,8 @@ class Writer:
     def known_stacks(self) -> set[int]:
         return self.written_stacks | (self._gen.stacks if self._gen else set())
 
-    async def submit(self, tables: dict[str, Columns], rows: int, stacks: set[int]) -> None:
+    async def submit(self, tables: dict[str, Columns], rows: int, stacks: set[int],
+                     token: str | None = None) -> None:
         if self._closing:
             raise Retryable("clickhouse exporter is shutting down")
         if rows == 0:
@@ -100,7 +104,11 @@ class Writer:
         if self._gen is None:
             self._gen = _Generation(asyncio.get_running_loop())
         gen = self._gen
-        gen.add(tables)
+        if token is None:
+            gen.add(tables)
+        else:
+            gen.blocks.append((token, tables))
+            gen.rows += rows
         gen.stacks |= stacks
         if gen.rows >= self.batch_rows:
             self._wake.set()
@@ -151,18 +159,21 @@ class Writer:
         while True:
             try:
                 for table in TABLE_ORDER:
-                    cols = gen.tables.get(table)
-                    if cols is None or table in gen.inserted:
-                        continue
-                    names = COLUMNS[table]
-                    data = [cols[c] for c in names]
-                    settings = {"insert_deduplication_token": f"{gen.id}-{table}"}
-                    insert = functools.partial(
-                        self.client.insert, f"{self.database}.{table}", data,
-                        column_names=names, column_oriented=True, settings=settings)
-                    await loop.run_in_executor(self.executor, insert)
-                    gen.inserted.add(table)
-                    self.metric(f"sent_rows.{table}", len(data[0]))
+                    blocks = [(gen.id, gen.tables)] + gen.blocks
+                    for token, tables in blocks:
+                        cols = tables.get(table)
+                        tok = f"{token}-{table}"
+                        if cols is None or tok in gen.inserted:
+                            continue
+                        names = COLUMNS[table]
+                        data = [cols[c] for c in names]
+                        insert = functools.partial(
+                            self.client.insert, f"{self.database}.{table}", data,
+                            column_names=names, column_oriented=True,
+                            settings={"insert_deduplication_token": tok})
+                        await loop.run_in_executor(self.executor, insert)
+                        gen.inserted.add(tok)
+                        self.metric(f"sent_rows.{table}", len(data[0]))
                 return
             except Exception as err:
                 attempt += 1
