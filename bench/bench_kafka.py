@@ -22,9 +22,9 @@ sys.path.insert(0, str(ROOT))
 
 from bench.bench_pipeline import PROFILES, TRACE, blast, profile_requests, trace_requests  # noqa: E402
 from tests.conftest import SpanprofProcess, clickhouse  # noqa: E402
-from tests.e2e.test_kafka_crash import _create_topics, _lag  # noqa: E402
+from tests.e2e.test_kafka_crash import _lag  # noqa: E402
 from tests.e2e.test_kafka_tier import CORRELATOR, GATEWAY  # noqa: E402
-from tests.kafka_broker import KafkaBroker  # noqa: E402
+from tests.kafka_broker import KafkaBroker, create_topics  # noqa: E402
 
 
 def main() -> None:
@@ -41,7 +41,7 @@ def main() -> None:
         broker.start()
         names = {"brokers": broker.bootstrap, "group": "bench", "spans": "otlp_spans",
                  "profiles": "otlp_profiles"}
-        asyncio.run(_create_topics(broker.bootstrap, names["spans"], names["profiles"]))
+        asyncio.run(create_topics(broker.bootstrap, names["spans"], names["profiles"]))
         gateway = SpanprofProcess(Path(tmp) / "gw", config_text=GATEWAY % names)
         correlator = SpanprofProcess(Path(tmp) / "co", config_text=CORRELATOR % names)
         try:

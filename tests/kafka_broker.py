@@ -144,3 +144,15 @@ class KafkaBroker:
                 self.proc.kill()
                 self.proc.wait()
         self.proc = None
+
+
+async def create_topics(bootstrap: str, *names: str, partitions: int = 6) -> None:
+    """Create topics with ``partitions`` partitions (replication 1: one broker)."""
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(n, partitions, 1) for n in names])
+    finally:
+        await admin.close()

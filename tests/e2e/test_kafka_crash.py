@@ -22,7 +22,6 @@ from typing import Any
 import grpc
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from pipeline.exporters.clickhouse.schema import SchemaOptions, bootstrap, statements
 from pipeline.otlp.builder import ProfileBuilder
@@ -30,20 +29,12 @@ from tests.conftest import SpanprofProcess, clickhouse, wait_until
 from tests.e2e.otlp_clients import profiles_stub, traces_stub
 from tests.e2e.test_kafka_tier import CORRELATOR, GATEWAY
 from tests.e2e.test_sigterm import _spans
+from tests.kafka_broker import create_topics
 
 pytestmark = pytest.mark.e2e
 MS = 1_000_000
 PARTITIONS = 6
 TABLES = ["span_attribution", "span_functions", "span_index", "otel_traces"]
-
-
-async def _create_topics(bootstrap_servers: str, *names: str) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(n, PARTITIONS, 1) for n in names])
-    finally:
-        await admin.close()
 
 
 async def _lag(bootstrap_servers: str, group: str, topics: list[str]) -> int:
@@ -81,7 +72,8 @@ class TestWorkerCrash:
         suffix = uuid.uuid4().hex[:6]
         names = {"brokers": kafka_broker.bootstrap, "group": f"crash{suffix}",
                  "spans": f"spans{suffix}", "profiles": f"profiles{suffix}"}
-        asyncio.run(_create_topics(kafka_broker.bootstrap, names["spans"], names["profiles"]))
+        asyncio.run(create_topics(kafka_broker.bootstrap, names["spans"], names["profiles"],
+                                  partitions=PARTITIONS))
         worker_cfg = (CORRELATOR % names).replace(
             "traces: {{topic:", "session_timeout: 6s\n    heartbeat_interval: 1s\n"
             "    traces: {{topic:", 1)
@@ -183,7 +175,7 @@ class TestRedelivery:
         names = {"brokers": kafka_broker.bootstrap, "group": f"redo{suffix}",
                  "spans": f"spans{suffix}", "profiles": f"profiles{suffix}"}
         topics = [names["spans"], names["profiles"]]
-        asyncio.run(_create_topics(kafka_broker.bootstrap, *topics))
+        asyncio.run(create_topics(kafka_broker.bootstrap, *topics, partitions=PARTITIONS))
         gateway = SpanprofProcess(tmp_path / "gw", config_text=GATEWAY % names)
         worker = SpanprofProcess(tmp_path / "w", config_text=CORRELATOR % names)
         truth: dict[tuple[bytes, bytes], int] = defaultdict(int)

@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from opentelemetry.proto.collector.profiles.v1development import profiles_service_pb2 as pps
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as tps
 
@@ -24,6 +23,7 @@ from pipeline.receivers.kafka import Config as ReceiverConfig
 from pipeline.receivers.kafka import KafkaReceiver
 from pipeline.records import Batch
 from pipeline.registry import Context
+from tests.kafka_broker import create_topics
 from tests.pipeline.receivers.test_otlp_grpc import span_request
 
 PARTITIONS = 6
@@ -46,15 +46,6 @@ class TestPartitioners:
         assert sarama_partition(b"a", 7) == (0x100000000 - 0xE40C292C) % 7
 
 
-async def _topics(bootstrap: str, *names: str) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(n, PARTITIONS, 1) for n in names])
-    finally:
-        await admin.close()
-
-
 async def _read_all(bootstrap: str, topic: str, n: int, within: float = 30.0) -> list[Any]:
     c = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
                          group_id=None)
@@ -74,7 +65,7 @@ async def _read_all(bootstrap: str, topic: str, n: int, within: float = 30.0) ->
 async def topics(kafka_broker: Any) -> tuple[str, str]:
     suffix = uuid.uuid4().hex[:8]
     names = (f"spans_{suffix}", f"profiles_{suffix}")
-    await _topics(kafka_broker.bootstrap, *names)
+    await create_topics(kafka_broker.bootstrap, *names, partitions=PARTITIONS)
     return names
 
 
