@@ -114,7 +114,15 @@ class KafkaExporter:
             topic, split, halve = self.cfg.profiles.topic, split_profiles, halve_profiles
         else:
             raise TypeError(f"{self.ctx.id} does not export {batch.signal}")
-        for req, rejected in batch.sources:
+        sources = batch.sources
+        if not sources and len(batch):
+            # records that did not arrive as OTLP (Pyroscope, pprof): encode them
+            from pipeline.otlp.builder import encode_profiles
+
+            if not isinstance(batch, ProfileBatch):
+                raise TypeError("span batches always carry their OTLP request")
+            sources = [(encode_profiles(batch), [])]
+        for req, rejected in sources:
             # always split by trace: the correlator's join depends on it
             if split is split_profiles and partitions:
                 parts: dict[str, Any] = split_profiles(

@@ -22,7 +22,7 @@ class ProfileBuilder:
         d = self.req.dictionary
         self._strings: dict[str, int] = {}
         self._functions: dict[tuple[str, str], int] = {}
-        self._locations: dict[int, int] = {}
+        self._locations: dict[tuple[int, int], int] = {}
         self._stacks: dict[tuple[int, ...], int] = {}
         self._links: dict[tuple[bytes, bytes], int] = {}
         self.string("")
@@ -41,21 +41,24 @@ class ProfileBuilder:
             self.req.dictionary.string_table.append(s)
         return i
 
-    def stack(self, frames: list[str], file: str = "app.py") -> int:
-        """Index of a stack of function names, leaf first."""
+    def stack(self, frames: list[str], file: str = "app.py",
+              files: list[str] | None = None, lines: list[int] | None = None) -> int:
+        """Index of a stack of function names, leaf first (``files``: one per frame)."""
         d = self.req.dictionary
         locs = []
-        for fn in frames:
+        for n, fn in enumerate(frames):
+            file = files[n] if files is not None else file
             key = (fn, file)
             fi = self._functions.get(key)
             if fi is None:
                 fi = self._functions[key] = len(d.function_table)
                 d.function_table.add(name_strindex=self.string(fn),
                                      filename_strindex=self.string(file))
-            li = self._locations.get(fi)
+            line = lines[n] if lines is not None else 1
+            li = self._locations.get((fi, line))
             if li is None:
-                li = self._locations[fi] = len(d.location_table)
-                d.location_table.add(lines=[pb.Line(function_index=fi, line=1)])
+                li = self._locations[(fi, line)] = len(d.location_table)
+                d.location_table.add(lines=[pb.Line(function_index=fi, line=line)])
             locs.append(li)
         t = tuple(locs)
         si = self._stacks.get(t)
@@ -67,6 +70,7 @@ class ProfileBuilder:
     def link(self, trace_id: bytes, span_id: bytes) -> int:
         if not trace_id and not span_id:
             return 0
+        trace_id = trace_id or bytes(16)  # a span-only link: all-zero trace id
         key = (trace_id, span_id)
         i = self._links.get(key)
         if i is None:
@@ -102,9 +106,10 @@ class ProfileBuilder:
 
     def sample(self, frames: list[str], value: int | None, trace_id: bytes = b"",
                span_id: bytes = b"", timestamps: list[int] | None = None,
+               files: list[str] | None = None, lines: list[int] | None = None,
                **profile_kw: Any) -> Any:
         prof = self.profile(**profile_kw)
-        s = prof.samples.add(stack_index=self.stack(frames),
+        s = prof.samples.add(stack_index=self.stack(frames, files=files, lines=lines),
                              link_index=self.link(trace_id, span_id))
         if value is not None:
             s.values.append(value)
@@ -114,3 +119,23 @@ class ProfileBuilder:
 
     def build(self) -> ExportProfilesServiceRequest:
         return self.req
+
+
+def encode_profiles(batch: Any) -> Any:
+    """Internal profile records -> one ExportProfilesServiceRequest (for exporters that
+    forward profiles that did not arrive as OTLP, e.g. from Pyroscope). Time measures are
+    written as ``<measure>/nanoseconds`` so they read back as the same measure and value."""
+    b = ProfileBuilder()
+    for smp in batch.samples:
+        st = batch.stacks.get(smp.stack_id)
+        frames = st.functions if st is not None else []
+        files = st.files if st is not None else None
+        lines = st.lines if st is not None else None
+        if smp.measure == "other":
+            kind = {"sample_type": smp.sample_type, "unit": smp.unit}
+        else:
+            kind = {"sample_type": smp.measure, "unit": "nanoseconds",
+                    "period_type": smp.measure}
+        b.sample(frames, smp.value, smp.trace_id, smp.span_id, files=files, lines=lines,
+                 service=smp.service, time_unix_nano=smp.time_ns, **kind)
+    return b.build()

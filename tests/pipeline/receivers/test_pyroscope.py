@@ -1,0 +1,167 @@
+"""The Pyroscope receiver with the request bodies captured from the real Python SDK."""
+
+from __future__ import annotations
+
+import gzip
+from collections import defaultdict
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from pipeline.errors import Retryable
+from pipeline.pyroscope.messages import Profile, PushRequest
+from pipeline.receivers.pyroscope import PUSH_PATH, Config, PyroscopeReceiver
+from pipeline.registry import Context
+from tests.pipeline.receivers.test_otlp_grpc import FakeConsumer
+
+FIXTURES = Path(__file__).resolve().parents[3].parent / "shared" / "fixtures" / "pyroscope-python"
+HEADERS = {"content-type": "application/proto", "content-encoding": "gzip",
+           "user-agent": "pyroscope-rs/pyspy/1.4.0 reqwest"}
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[tuple[PyroscopeReceiver, FakeConsumer, str]]:
+    fake = FakeConsumer()
+    r = PyroscopeReceiver(Config(endpoint="127.0.0.1:0", max_decompressed_bytes=1 << 20),
+                          Context("pyroscope", ["profiles"], next={"profiles": fake}))
+    await r.start()
+    yield r, fake, f"http://127.0.0.1:{r.port}"
+    await r.shutdown()
+
+
+def truth_of(body: bytes) -> dict[bytes, int]:
+    """Sum of pprof values per span_id label, read straight from the captured request."""
+    out: dict[bytes, int] = defaultdict(int)
+    for series in PushRequest.FromString(gzip.decompress(body)).series:
+        for raw in series.samples:
+            data = raw.raw_profile
+            p = Profile.FromString(gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data)
+            st = p.string_table
+            for s in p.sample:
+                labels = {st[lb.key]: st[lb.str] for lb in s.label}
+                if "span_id" in labels:
+                    out[bytes.fromhex(labels["span_id"])] += s.value[0]
+    return out
+
+
+def pprof(samples: list[tuple[list[int], int, dict[str, str]]], locations: int = 2) -> bytes:
+    p = Profile()
+    strings = ["", "cpu", "nanoseconds"]
+
+    def s(x: str) -> int:
+        if x not in strings:
+            strings.append(x)
+        return strings.index(x)
+    p.sample_type.add(type=1, unit=2)
+    p.period_type.type, p.period_type.unit, p.period = 1, 2, 10_000_000
+    for i in range(1, locations + 1):
+        p.function.add(id=i, name=s(f"fn{i}"), filename=s("a.py"))
+        p.location.add(id=i, line=[{"function_id": i, "line": i}])
+    for locs, v, labels in samples:
+        smp = p.sample.add(location_id=locs, value=[v])
+        for k, val in labels.items():
+            smp.label.add(key=s(k), str=s(val))
+    p.string_table.extend(strings)
+    return p.SerializeToString()
+
+
+def push_body(raw: bytes, service: str = "svc") -> bytes:
+    req = PushRequest()
+    series = req.series.add()
+    series.labels.add(name="service_name", value=service)
+    series.samples.add(raw_profile=raw)
+    return gzip.compress(req.SerializeToString())
+
+
+class TestPyroscopeReceiver:
+    @pytest.mark.parametrize("name", ["req1.bin", "req2.bin", "req3.bin"])
+    async def test_captured_sdk_requests(self, server: Any, name: str) -> None:
+        """Each body the real SDK sent is accepted (200), and the CPU per span equals the
+        sum of the pprof values labelled with that span_id; service from the series."""
+        r, fake, url = server
+        body = (FIXTURES / name).read_bytes()
+        async with aiohttp.ClientSession() as http:
+            async with http.post(url + PUSH_PATH, data=body, headers=HEADERS) as resp:
+                assert resp.status == 200, await resp.text()
+        got: dict[bytes, int] = defaultdict(int)
+        for batch in fake.batches:
+            for smp in batch.samples:  # type: ignore[union-attr]
+                assert smp.service == "checkout" and smp.measure == "cpu"
+                if smp.span_id:
+                    # req2 holds a sample the SDK labelled with span_id alone
+                    assert len(smp.trace_id) in (0, 16)
+                    got[smp.span_id] += smp.value
+        assert got == truth_of(body) and got
+
+    async def test_span_only_and_datadog_labels(self, server: Any) -> None:
+        """span_id without trace_id is a span-only link; profile_id and Datadog's decimal
+        'span id' mean the same; samples without span labels are unlinked."""
+        r, fake, url = server
+        raw = pprof([([1, 2], 10, {"span_id": "00000000000000aa"}),
+                     ([1], 20, {"profile_id": "00000000000000bb"}),
+                     ([2], 30, {"span id": "204"}),
+                     ([2], 40, {})])
+        async with aiohttp.ClientSession() as http:
+            async with http.post(url + PUSH_PATH, data=push_body(raw), headers=HEADERS) as resp:
+                assert resp.status == 200
+        got = [(s.trace_id, s.span_id.hex(), s.value) for s in fake.batches[0].samples]
+        assert got == [(b"", "00000000000000aa", 10), (b"", "00000000000000bb", 20),
+                       (b"", "00000000000000cc", 30), (b"", "", 40)]
+        stack = fake.batches[0].stacks[fake.batches[0].samples[0].stack_id]
+        assert stack.functions == ["fn1", "fn2"]
+
+    @pytest.mark.parametrize("case,status,text", [
+        ("bomb", 413, "decompresses to more than"),
+        ("truncated", 400, "not a valid profile"),
+        ("dangling", 400, "references location 9"),
+        ("garbage", 400, "not a push.v1.PushRequest"),
+    ])
+    async def test_bad_bodies_get_4xx_and_serving_goes_on(self, server: Any, case: str,
+                                                          status: int, text: str) -> None:
+        """A gzip bomb, a truncated pprof, a pprof with dangling location ids and garbage
+        each get a 4xx with a message; the next good request is accepted."""
+        r, fake, url = server
+        good = pprof([([1], 10, {"span_id": "00000000000000aa"})])
+        body = {
+            "bomb": gzip.compress(b"\0" * (8 << 20)),
+            "truncated": push_body(good[: len(good) // 2]),
+            "dangling": push_body(pprof([([9], 10, {})])),
+            "garbage": gzip.compress(b"\xff\xfe\xfd not protobuf"),
+        }[case]
+        async with aiohttp.ClientSession() as http:
+            async with http.post(url + PUSH_PATH, data=body, headers=HEADERS) as resp:
+                assert resp.status == status
+                assert text in (await resp.json())["message"]
+            async with http.post(url + PUSH_PATH, data=push_body(good), headers=HEADERS) as resp:
+                assert resp.status == 200
+        assert [len(b) for b in fake.batches] == [1]
+
+    async def test_legacy_ingest_raw_and_multipart(self, server: Any) -> None:
+        """/ingest takes a raw pprof body or the multipart form; the service comes from the
+        app name without its profile-type suffix."""
+        r, fake, url = server
+        raw = pprof([([1], 10, {"span_id": "00000000000000aa"})])
+        q = "?name=shop.cpu{env=prod}&format=pprof&from=1&until=2&sampleRate=100"
+        async with aiohttp.ClientSession() as http:
+            async with http.post(url + "/ingest" + q, data=raw) as resp:
+                assert resp.status == 200
+            form = aiohttp.FormData()
+            form.add_field("profile", raw, filename="profile.pprof")
+            async with http.post(url + "/ingest" + q, data=form) as resp:
+                assert resp.status == 200
+            async with http.post(url + "/ingest?name=x&format=folded", data=b"a;b 1") as resp:
+                assert resp.status == 400
+        assert [b.samples[0].service for b in fake.batches] == ["shop", "shop"]
+
+    async def test_backpressure_is_503_with_retry_after(self, server: Any) -> None:
+        """A full pipeline answers 503 with Retry-After; nothing is reported as accepted."""
+        r, fake, url = server
+        fake.fail = Retryable("full", retry_after=7)
+        raw = pprof([([1], 10, {})])
+        async with aiohttp.ClientSession() as http:
+            async with http.post(url + PUSH_PATH, data=push_body(raw), headers=HEADERS) as resp:
+                assert resp.status == 503 and resp.headers["Retry-After"] == "7"
+        assert r.metrics["accepted_samples"] == 0
