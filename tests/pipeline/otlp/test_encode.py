@@ -10,7 +10,7 @@ from pipeline.otlp.profiles import decode_profiles
 from pipeline.pyroscope.messages import PushRequest
 from pipeline.pyroscope.pprof import decode_pprof
 
-FIXTURES = Path(__file__).resolve().parents[3].parent / "shared" / "fixtures" / "pyroscope-python"
+FIXTURES = Path(__file__).resolve().parents[2] / "testdata" / "pyroscope-python"
 
 
 class TestEncodeProfiles:

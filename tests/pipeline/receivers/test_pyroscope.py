@@ -17,7 +17,7 @@ from pipeline.receivers.pyroscope import PUSH_PATH, Config, PyroscopeReceiver
 from pipeline.registry import Context
 from tests.pipeline.receivers.test_otlp_grpc import FakeConsumer
 
-FIXTURES = Path(__file__).resolve().parents[3].parent / "shared" / "fixtures" / "pyroscope-python"
+FIXTURES = Path(__file__).resolve().parents[2] / "testdata" / "pyroscope-python"
 HEADERS = {"content-type": "application/proto", "content-encoding": "gzip",
            "user-agent": "pyroscope-rs/pyspy/1.4.0 reqwest"}
 
