@@ -27,9 +27,10 @@ from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.profiles.v1development import profiles_service_pb2 as pps
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as tps
 
-from pipeline.errors import ConfigError, InvalidData, Retryable
+from pipeline.errors import InvalidData, Retryable
 from pipeline.otlp.profiles import decode_profiles
 from pipeline.otlp.traces import decode_traces
+from pipeline.receivers.http import check_endpoint, serve
 from pipeline.registry import Context, Factory
 
 ROUTES: dict[str, tuple[str, Any, Any, str]] = {
@@ -64,9 +65,7 @@ class Config(msgspec.Struct, forbid_unknown_fields=True):
     max_request_bytes: int = 16 << 20
 
     def validate(self) -> None:
-        host, _, port = self.endpoint.rpartition(":")
-        if not host or not port.isdigit():
-            raise ConfigError(f"endpoint: expected HOST:PORT, got {self.endpoint!r}")
+        check_endpoint(self.endpoint)
 
 
 class OtlpHttpReceiver:
@@ -87,18 +86,9 @@ class OtlpHttpReceiver:
         for path, (signal, *_rest) in ROUTES.items():
             if signal in self.ctx.next:
                 app.router.add_post(path, self.export)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        host, _, port = self.cfg.endpoint.rpartition(":")
-        site = web.TCPSite(self._runner, host, int(port))
-        try:
-            await site.start()
-        except OSError as err:
-            raise ConfigError(f"receivers.{self.ctx.id}.endpoint: cannot listen on "
-                              f"{self.cfg.endpoint}: {err.strerror}") from None
-        sockets = getattr(site._server, "sockets", None) or []
-        self.port = sockets[0].getsockname()[1] if sockets else int(port)
-        self.log.info("otlp_http_listening", endpoint=f"{host}:{self.port}")
+        self._runner, self.port = await serve(app, self.cfg.endpoint,
+                                              f"receivers.{self.ctx.id}.endpoint")
+        self.log.info("otlp_http_listening", endpoint=self.cfg.endpoint, port=self.port)
 
     async def export(self, request: web.Request) -> web.Response:
         signal, request_type, decode, rejected_field = ROUTES[request.path]

@@ -26,10 +26,11 @@ import msgspec
 from aiohttp import web
 from google.protobuf.message import DecodeError
 
-from pipeline.errors import ConfigError, InvalidData, Retryable
+from pipeline.errors import InvalidData, Retryable
 from pipeline.otlp.common import UNKNOWN_SERVICE
 from pipeline.pyroscope.messages import PushRequest, PushResponse
 from pipeline.pyroscope.pprof import decode_pprof, gunzip_limited
+from pipeline.receivers.http import check_endpoint, serve
 from pipeline.records import ProfileBatch
 from pipeline.registry import Context, Factory
 from processors.batch import merge
@@ -47,9 +48,7 @@ class Config(msgspec.Struct, forbid_unknown_fields=True):
     max_samples_per_request: int = 1_000_000
 
     def validate(self) -> None:
-        host, _, port = self.endpoint.rpartition(":")
-        if not host or not port.isdigit():
-            raise ConfigError(f"endpoint: expected HOST:PORT, got {self.endpoint!r}")
+        check_endpoint(self.endpoint)
 
 
 class _TooLarge(Exception):
@@ -74,18 +73,9 @@ class PyroscopeReceiver:
         app = web.Application(client_max_size=self.cfg.max_decompressed_bytes)
         app.router.add_post(PUSH_PATH, self.push)
         app.router.add_post("/ingest", self.ingest)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        host, _, port = self.cfg.endpoint.rpartition(":")
-        site = web.TCPSite(self._runner, host, int(port))
-        try:
-            await site.start()
-        except OSError as err:
-            raise ConfigError(f"receivers.{self.ctx.id}.endpoint: cannot listen on "
-                              f"{self.cfg.endpoint}: {err.strerror}") from None
-        sockets = getattr(site._server, "sockets", None) or []
-        self.port = sockets[0].getsockname()[1] if sockets else int(port)
-        self.log.info("pyroscope_listening", endpoint=f"{host}:{self.port}")
+        self._runner, self.port = await serve(app, self.cfg.endpoint,
+                                              f"receivers.{self.ctx.id}.endpoint")
+        self.log.info("pyroscope_listening", endpoint=self.cfg.endpoint, port=self.port)
 
     async def _body(self, request: web.Request) -> bytes:
         if request.content_length and request.content_length > self.cfg.max_request_bytes:
