@@ -21,10 +21,21 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
+_ISSUED: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A free loopback port never handed out before in this session: ports are released
+    before the process that will use them binds them, so two processes set up one after
+    the other could otherwise be given the same one (seen: a correlator's admin port equal
+    to its gateway's)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _ISSUED:
+            _ISSUED.add(port)
+            return port
 
 
 def pipeline_yaml(grpc_port: int, admin_port: int, data: Path, grace: str = "1s",
@@ -105,7 +116,10 @@ class SpanprofProcess:
             if self.proc.poll() is not None:
                 raise AssertionError(f"spanprof exited {self.proc.returncode}:\n{self.logs()}")
             try:
-                if self.get("/health")["status"] == "ok":
+                health = self.get("/health")
+                if health["status"] == "ok":
+                    # the answer must come from this process, not another on that port
+                    assert health["pid"] == self.proc.pid, "admin port taken by another process"
                     return
             except (OSError, urllib.error.URLError, ValueError):
                 pass

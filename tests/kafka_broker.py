@@ -11,7 +11,6 @@ from __future__ import annotations
 import base64
 import os
 import shutil
-import socket
 import subprocess
 import time
 import uuid
@@ -27,9 +26,9 @@ class KafkaUnavailable(RuntimeError):
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    from tests.conftest import free_port
+
+    return free_port()
 
 
 def kafka_libs() -> Path:

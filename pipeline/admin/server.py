@@ -3,7 +3,7 @@
 The embedded engine can be opened by one process only, so questions about the data go to
 the running pipeline, which asks ClickHouse on its own connection::
 
-    GET /health                                   200 {"status": "ok"} / 503 while stopping
+    GET /health                                   200 {"status": "ok", "pid": N} / 503 stopping
     GET /metrics                                  Prometheus text
     GET /api/v1/spans?order=cpu|duration|off_cpu&limit=N&service=S
     GET /api/v1/traces/{trace_id}
@@ -12,6 +12,7 @@ the running pipeline, which asks ClickHouse on its own connection::
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any
 
 import msgspec
@@ -69,8 +70,8 @@ class AdminServer:
 
     async def health(self, request: web.Request) -> web.Response:
         if self.stopping:
-            return _json({"status": "stopping"}, status=503)
-        return _json({"status": "ok"})
+            return _json({"status": "stopping", "pid": os.getpid()}, status=503)
+        return _json({"status": "ok", "pid": os.getpid()})
 
     async def metrics(self, request: web.Request) -> web.Response:
         lines = []
