@@ -21,6 +21,7 @@ from aiohttp import web
 
 from pipeline.admin import queries
 from pipeline.graph import Graph
+from pipeline.receivers.http import serve
 
 MAX_LIMIT = 10_000
 
@@ -53,15 +54,10 @@ class AdminServer:
         app.router.add_get("/metrics", self.metrics)
         app.router.add_get("/api/v1/spans", self.spans)
         app.router.add_get("/api/v1/traces/{trace_id}", self.trace)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
         host, _, port = self.endpoint.rpartition(":")
-        site = web.TCPSite(self._runner, host or "127.0.0.1", int(port))
-        await site.start()
-        server = site._server
-        sockets = getattr(server, "sockets", None) or []
-        self.port = sockets[0].getsockname()[1] if sockets else int(port)
-        self.log.info("admin_listening", endpoint=f"{host}:{self.port}")
+        self._runner, self.port = await serve(app, f"{host or '127.0.0.1'}:{port}",
+                                              "service.admin.endpoint")
+        self.log.info("admin_listening", endpoint=self.endpoint, port=self.port)
 
     async def shutdown(self) -> None:
         if self._runner is not None:
