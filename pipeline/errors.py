@@ -3,7 +3,8 @@
 Three kinds of failure matter to a caller, and each maps to one wire status:
 
 * ``ConfigError``  - the operator's fault; the process exits 2 before starting anything.
-* ``InvalidData``  - the client's fault; 4xx / ``INVALID_ARGUMENT``, never retried.
+* ``InvalidData``  - the client's fault; 4xx / ``INVALID_ARGUMENT``, never retried
+  (``TooLarge``, over a configured limit: 413 / ``RESOURCE_EXHAUSTED``).
 * ``Retryable``    - downstream is full or unavailable; ``UNAVAILABLE`` / 503, the client retries.
 """
 
@@ -24,6 +25,11 @@ class ConfigError(SpanprofError):
 
 class InvalidData(SpanprofError):
     """The request itself is malformed; retrying it cannot succeed."""
+
+
+class TooLarge(InvalidData):
+    """The request is over a configured limit (size, decompressed size, items); the message
+    names the config key."""
 
 
 class Retryable(SpanprofError):

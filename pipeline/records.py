@@ -85,6 +85,14 @@ class Sample(msgspec.Struct, array_like=True, gc=False):
     count: int
     sample_type: str
     unit: str
+    # where the sample was taken, when the profiler says: OTLP sample attributes
+    # ``thread.id``/``thread.name`` (pprof labels ``thread_id``/``thread_name``), resource
+    # ``process.pid``/``host.name``; ``span_name`` is the label Pyroscope SDKs add
+    thread_id: int = 0
+    thread_name: str = ""
+    span_name: str = ""
+    pid: int = 0
+    host: str = ""
 
 
 class SpanBatch(msgspec.Struct):

@@ -54,13 +54,12 @@ def factories() -> dict[Kind, dict[str, Factory]]:
     from pipeline.exporters.debug import FACTORY as debug
     from pipeline.exporters.kafka import FACTORY as kafka_exporter
     from pipeline.receivers.kafka import FACTORY as kafka_receiver
-    from pipeline.receivers.otlp_grpc import FACTORY as otlp
-    from pipeline.receivers.otlp_http import FACTORY as otlp_http
+    from pipeline.receivers.otlp import FACTORY as otlp
     from pipeline.receivers.pyroscope import FACTORY as pyroscope
     from processors.batch import FACTORY as batch
     from processors.correlate.connector import FACTORY as spancorrelator
 
-    FACTORIES = [otlp, otlp_http, kafka_receiver, pyroscope, batch, clickhouse, debug,
+    FACTORIES = [otlp, kafka_receiver, pyroscope, batch, clickhouse, debug,
                  kafka_exporter, spancorrelator]
     out: dict[Kind, dict[str, Factory]] = {
         "receiver": {}, "processor": {}, "exporter": {}, "connector": {}

@@ -39,13 +39,22 @@ def free_port() -> int:
 
 
 def pipeline_yaml(grpc_port: int, admin_port: int, data: Path, grace: str = "1s",
-                  extra_connector: str = "", exporter_extra: str = "") -> str:
+                  extra_connector: str = "", exporter_extra: str = "", http_port: int = 0,
+                  pyroscope_port: int = 0) -> str:
+    """The embedded pipeline of config/local.yaml on free ports (the OTLP/HTTP and
+    Pyroscope receivers only when given a port)."""
+    http = f"""
+      http:
+        endpoint: 127.0.0.1:{http_port}""" if http_port else ""
+    pyroscope = f"""
+  pyroscope:
+    endpoint: 127.0.0.1:{pyroscope_port}""" if pyroscope_port else ""
     return f"""
 receivers:
   otlp:
     protocols:
       grpc:
-        endpoint: 127.0.0.1:{grpc_port}
+        endpoint: 127.0.0.1:{grpc_port}{http}{pyroscope}
 processors:
   batch:
     timeout: 50ms
@@ -71,7 +80,7 @@ service:
       processors: [batch]
       exporters: [clickhouse, spancorrelator]
     profiles:
-      receivers: [otlp]
+      receivers: [otlp{", pyroscope" if pyroscope_port else ""}]
       exporters: [clickhouse, spancorrelator]
     attributions:
       receivers: [spancorrelator]
@@ -83,16 +92,23 @@ class SpanprofProcess:
     """``spanprof run`` in a child process, as a user runs it."""
 
     def __init__(self, tmp: Path, config_text: str | None = None, **yaml_kw: Any) -> None:
-        """``config_text`` may use {grpc_port}, {admin_port} and {data} placeholders."""
+        """``config_text`` may use {grpc_port}, {http_port}, {pyroscope_port},
+        {admin_port} and {data} placeholders; without it the default pipeline also runs
+        OTLP/HTTP and Pyroscope receivers."""
         self.tmp = tmp
         tmp.mkdir(parents=True, exist_ok=True)
         self.grpc_port = free_port()
+        self.http_port = free_port()
+        self.pyroscope_port = free_port()
         self.admin_port = free_port()
         self.data = tmp / "data"
         self.config = tmp / "pipeline.yaml"
-        text = pipeline_yaml(self.grpc_port, self.admin_port, self.data, **yaml_kw) \
+        text = pipeline_yaml(self.grpc_port, self.admin_port, self.data,
+                             http_port=self.http_port, pyroscope_port=self.pyroscope_port,
+                             **yaml_kw) \
             if config_text is None else config_text.format(
-                grpc_port=self.grpc_port, admin_port=self.admin_port, data=self.data)
+                grpc_port=self.grpc_port, admin_port=self.admin_port, data=self.data,
+                http_port=self.http_port, pyroscope_port=self.pyroscope_port)
         self.config.write_text(text)
         self.log_path = tmp / "spanprof.log"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -100,6 +116,14 @@ class SpanprofProcess:
     @property
     def grpc_target(self) -> str:
         return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def http_url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    @property
+    def pyroscope_url(self) -> str:
+        return f"http://127.0.0.1:{self.pyroscope_port}"
 
     @property
     def admin(self) -> str:

@@ -25,6 +25,8 @@ class ProfileBuilder:
         self._locations: dict[tuple[int, int], int] = {}
         self._stacks: dict[tuple[int, ...], int] = {}
         self._links: dict[tuple[bytes, bytes], int] = {}
+        self._attrs: dict[tuple[str, str | int], int] = {}
+        self._resources: dict[tuple[object, ...], Any] = {}
         self.string("")
         d.mapping_table.add()
         d.function_table.add()
@@ -78,21 +80,38 @@ class ProfileBuilder:
             self.req.dictionary.link_table.add(trace_id=trace_id, span_id=span_id)
         return i
 
+    def attribute(self, key: str, value: str | int) -> int:
+        """Index of ``key=value`` in the dictionary's attribute_table (interned)."""
+        k = (key, value)
+        i = self._attrs.get(k)
+        if i is None:
+            i = self._attrs[k] = len(self.req.dictionary.attribute_table)
+            kv = self.req.dictionary.attribute_table.add(key_strindex=self.string(key))
+            if isinstance(value, int):
+                kv.value.int_value = value
+            else:
+                kv.value.string_value = value
+        return i
+
     def profile(self, service: str = "svc", sample_type: str = "cpu",
                 unit: str = "nanoseconds", period_type: str = "cpu",
                 period_unit: str = "nanoseconds", period: int = 10_000_000,
-                time_unix_nano: int | None = None) -> Any:
-        key = (service, sample_type, unit, period_type, period_unit, period, time_unix_nano)
+                time_unix_nano: int | None = None,
+                resource: dict[str, str | int] | None = None) -> Any:
+        res = tuple(sorted((resource or {}).items()))
+        key = (service, sample_type, unit, period_type, period_unit, period, time_unix_nano,
+               res)
         prof = self._profile_by_service.get(key)
         if prof is not None:
             return prof
-        rp = next((r for r in self.req.resource_profiles
-                   if r.resource.attributes and r.resource.attributes[0].value.string_value
-                   == service), None)
+        rp = self._resources.get((service, res))
         if rp is None:
-            rp = self.req.resource_profiles.add()
+            rp = self._resources[(service, res)] = self.req.resource_profiles.add()
             rp.resource.attributes.append(
                 KeyValue(key="service.name", value=AnyValue(string_value=service)))
+            for k, v in res:
+                rp.resource.attributes.append(KeyValue(key=k, value=AnyValue(
+                    int_value=v) if isinstance(v, int) else AnyValue(string_value=v)))
             rp.scope_profiles.add()
         prof = rp.scope_profiles[0].profiles.add()
         prof.sample_type.type_strindex = self.string(sample_type)
@@ -107,10 +126,13 @@ class ProfileBuilder:
     def sample(self, frames: list[str], value: int | None, trace_id: bytes = b"",
                span_id: bytes = b"", timestamps: list[int] | None = None,
                files: list[str] | None = None, lines: list[int] | None = None,
-               **profile_kw: Any) -> Any:
+               attributes: dict[str, str | int] | None = None, **profile_kw: Any) -> Any:
+        """One sample; ``attributes`` become attribute_table entries (``thread.id``...)."""
         prof = self.profile(**profile_kw)
         s = prof.samples.add(stack_index=self.stack(frames, files=files, lines=lines),
                              link_index=self.link(trace_id, span_id))
+        if attributes:
+            s.attribute_indices.extend(self.attribute(k, v) for k, v in attributes.items())
         if value is not None:
             s.values.append(value)
         if timestamps:
@@ -136,6 +158,19 @@ def encode_profiles(batch: Any) -> Any:
         else:
             kind = {"sample_type": smp.measure, "unit": "nanoseconds",
                     "period_type": smp.measure}
+        attrs: dict[str, str | int] = {}
+        if smp.thread_id:
+            attrs["thread.id"] = smp.thread_id
+        if smp.thread_name:
+            attrs["thread.name"] = smp.thread_name
+        if smp.span_name:
+            attrs["span_name"] = smp.span_name
+        res: dict[str, str | int] = {}
+        if smp.pid:
+            res["process.pid"] = smp.pid
+        if smp.host:
+            res["host.name"] = smp.host
         b.sample(frames, smp.value, smp.trace_id, smp.span_id, files=files, lines=lines,
-                 service=smp.service, time_unix_nano=smp.time_ns, **kind)
+                 attributes=attrs, service=smp.service, time_unix_nano=smp.time_ns,
+                 resource=res, **kind)
     return b.build()

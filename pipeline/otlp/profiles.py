@@ -75,6 +75,32 @@ class _Invalid(Exception):
     pass
 
 
+# attribute keys that say where a sample was taken (semantic conventions), and the labels
+# Go programs set with pprof.Do, which eBPF profilers pass on as process.context.label.*
+WHERE_KEYS = frozenset({"thread.id", "thread.name", "span_name", "process.context.label.span_id",
+                        "process.context.label.trace_id", "process.context.label.span_name"})
+
+
+class _Where(NamedTuple):
+    thread_id: int
+    thread_name: str
+    span_name: str
+    label_trace_id: bytes  # from process.context.label.*: a link in all but name
+    label_span_id: bytes
+
+
+
+def _label_id(v: Any, size: int) -> bytes:
+    """A hex id label (Go's span_id labels) as bytes, b"" when absent, malformed or zero."""
+    if not isinstance(v, str) or len(v) != 2 * size:
+        return b""
+    try:
+        out = bytes.fromhex(v)
+    except ValueError:
+        return b""
+    return out if any(out) else b""
+
+
 def stack_hash(functions: list[str], files: list[str], lines: list[int]) -> int:
     """A 63-bit id of a stack's frames, identical for identical stacks from any request."""
     h = hashlib.blake2b(digest_size=8)
@@ -95,7 +121,9 @@ class _Dictionary:
         self.locations = d.location_table
         self.stacks_tbl = d.stack_table
         self.links = d.link_table
+        self.attrs = d.attribute_table
         self.n_attrs = len(d.attribute_table)
+        self._where_by_indices: dict[tuple[int, ...], _Where] = {}
         self.stacks: dict[int, Stack] = {}
         self._stack_by_index: dict[int, int] = {}
         self._link_by_index: dict[int, tuple[bytes, bytes]] = {}
@@ -104,6 +132,35 @@ class _Dictionary:
         if not 0 <= i < len(self.strings):
             raise _Invalid(f"{what} {i} out of range (string_table has {len(self.strings)})")
         return str(self.strings[i])
+
+    def where(self, indices: Any) -> _Where:
+        """Thread, span name and label-borne ids from a sample's (or profile's) attributes."""
+        key = tuple(indices)
+        got = self._where_by_indices.get(key)
+        if got is not None:
+            return got
+        found: dict[str, Any] = {}
+        for ai in key:
+            if not 0 <= ai < self.n_attrs:
+                raise _Invalid(f"attribute_indices {ai} out of range "
+                               f"(attribute_table has {self.n_attrs})")
+            kv = self.attrs[ai]
+            name = self.string(kv.key_strindex, f"attribute_table[{ai}].key_strindex")
+            if name in WHERE_KEYS:
+                v = kv.value
+                found[name] = v.int_value if v.HasField("int_value") else v.string_value
+        tid = found.get("thread.id", 0)
+        try:
+            thread_id = int(tid)
+        except ValueError:
+            thread_id = 0
+        span = _label_id(found.get("process.context.label.span_id", ""), 8)
+        trace = _label_id(found.get("process.context.label.trace_id", ""), 16) if span else b""
+        got = self._where_by_indices[key] = _Where(
+            max(0, thread_id), str(found.get("thread.name", "")),
+            str(found.get("span_name", "") or found.get("process.context.label.span_name", "")),
+            trace, span)
+        return got
 
     def stack(self, i: int) -> int:
         sid = self._stack_by_index.get(i)
@@ -177,11 +234,17 @@ def decode_profiles(req: ExportProfilesServiceRequest) -> Decoded:
     refused = Rejections()
     used_stacks: set[int] = set()
     for ri, rp in enumerate(req.resource_profiles):
-        service = service_name(attributes_dict(rp.resource.attributes))
+        resource = attributes_dict(rp.resource.attributes)
+        service = service_name(resource)
+        try:
+            pid = int(resource.get("process.pid", "0"))
+        except ValueError:
+            pid = 0
+        host = resource.get("host.name", "")
         for si, sp in enumerate(rp.scope_profiles):
             for pi, prof in enumerate(sp.profiles):
                 try:
-                    out = _decode_profile(d, prof, service)
+                    out = _decode_profile(d, prof, service, pid, host)
                 except _Invalid as err:
                     refused.add((ri, si, pi), f"resource_profiles[{ri}].scope_profiles[{si}]."
                                 f"profiles[{pi}]", err)
@@ -193,16 +256,15 @@ def decode_profiles(req: ExportProfilesServiceRequest) -> Decoded:
                    refused.count, refused.message)
 
 
-def _decode_profile(d: _Dictionary, prof: Any, service: str) -> list[Sample]:
+def _decode_profile(d: _Dictionary, prof: Any, service: str, pid: int = 0,
+                    host: str = "") -> list[Sample]:
     st, pt = prof.sample_type, prof.period_type
     type_s = d.string(st.type_strindex, "sample_type.type_strindex")
     unit_s = d.string(st.unit_strindex, "sample_type.unit_strindex")
     ptype_s = d.string(pt.type_strindex, "period_type.type_strindex")
     punit_s = d.string(pt.unit_strindex, "period_type.unit_strindex")
     kind = classify(type_s, unit_s, ptype_s, punit_s, int(prof.period))
-    for ai in prof.attribute_indices:
-        if not 0 <= ai < d.n_attrs:
-            raise _Invalid(f"attribute_indices {ai} out of range (attribute_table has {d.n_attrs})")
+    whole = d.where(prof.attribute_indices)  # a per-thread profile says so here
     # a profile without a time is taken as "now": stored samples need a real time (TTL)
     t0 = int(prof.time_unix_nano) or time.time_ns()
     out: list[Sample] = []
@@ -210,10 +272,9 @@ def _decode_profile(d: _Dictionary, prof: Any, service: str) -> list[Sample]:
         try:
             stack_id = d.stack(s.stack_index)
             trace_id, span_id = d.link(s.link_index)
-            for ai in s.attribute_indices:
-                if not 0 <= ai < d.n_attrs:
-                    raise _Invalid(f"attribute_indices {ai} out of range "
-                                   f"(attribute_table has {d.n_attrs})")
+            where = d.where(s.attribute_indices) if s.attribute_indices else whole
+            if not span_id and where.label_span_id:
+                trace_id, span_id = where.label_trace_id, where.label_span_id
         except _Invalid as err:
             raise _Invalid(f"samples[{k}]: {err}") from None
         values, stamps = s.values, s.timestamps_unix_nano
@@ -247,5 +308,10 @@ def _decode_profile(d: _Dictionary, prof: Any, service: str) -> list[Sample]:
             count=ticks,
             sample_type=type_s,
             unit=unit_s,
+            thread_id=where.thread_id or whole.thread_id,
+            thread_name=where.thread_name or whole.thread_name,
+            span_name=where.span_name,
+            pid=pid,
+            host=host,
         ))
     return out

@@ -4,6 +4,7 @@ Pyroscope SDKs label samples with the local root span: ``span_id`` (16 hex), opt
 ``trace_id`` (32 hex); older Java/Ruby integrations say ``profile_id``; Datadog's agents
 ``span id`` / ``local root span id`` as decimal strings or numbers. A sample with a span id
 and no trace id becomes a span-only link (trace resolved by span id in ClickHouse).
+``thread_id``/``thread_name`` and ``span_name`` labels are kept on the sample.
 Values are normalised as for OTLP (``classify``): time measures in nanoseconds, and when a
 profile has several sample types of one measure (Go: ``samples/count`` and
 ``cpu/nanoseconds``) only one counts, the time-unit one, so CPU is never doubled.
@@ -12,7 +13,6 @@ profile has several sample types of one measure (Go: ``samples/count`` and
 from __future__ import annotations
 
 import time
-import zlib
 from typing import Any
 
 from google.protobuf.message import DecodeError
@@ -20,22 +20,13 @@ from google.protobuf.message import DecodeError
 from pipeline.errors import InvalidData
 from pipeline.otlp.profiles import classify, stack_hash
 from pipeline.pyroscope.messages import Profile
+from pipeline.receivers.limits import gunzip_limited
 from pipeline.records import ProfileBatch, Sample, Stack
 
 SPAN_KEYS = ("span_id", "profile_id", "span id", "local root span id")
 TRACE_KEYS = ("trace_id", "trace id")
-
-
-def gunzip_limited(data: bytes, limit: int, what: str) -> bytes:
-    """Inflate gzip data, refusing to produce more than ``limit`` bytes (gzip bombs)."""
-    d = zlib.decompressobj(16 + zlib.MAX_WBITS)
-    try:
-        out = d.decompress(data, limit + 1)
-    except zlib.error as err:
-        raise InvalidData(f"{what}: not valid gzip: {err}") from None
-    if len(out) > limit or d.unconsumed_tail:
-        raise InvalidData(f"{what}: decompresses to more than {limit} bytes")
-    return out
+THREAD_ID_KEYS = ("thread_id", "thread id", "thread.id")
+THREAD_NAME_KEYS = ("thread_name", "thread name", "thread.name")
 
 
 def _span_id(value: str, num: int) -> bytes | None:
@@ -68,7 +59,7 @@ def _trace_id(value: str) -> bytes:
 
 def decode_pprof(data: bytes, service: str, max_bytes: int = 64 << 20) -> ProfileBatch:
     if data[:2] == b"\x1f\x8b":
-        data = gunzip_limited(data, max_bytes, "pprof")
+        data = gunzip_limited(data, max_bytes, "pprof", "max_decompressed_bytes")
     try:
         p = Profile.FromString(data)
     except DecodeError as err:
@@ -123,12 +114,20 @@ def decode_pprof(data: bytes, service: str, max_bytes: int = 64 << 20) -> Profil
             stacks.setdefault(sid, Stack(sid, fns, files, lines))
         span: bytes | None = None
         trace = b""
+        thread_id, thread_name, span_name = 0, "", ""
         for lb in smp.label:
             key = s(lb.key, "label key")
             if key in SPAN_KEYS and span is None:
                 span = _span_id(s(lb.str, "label value") if lb.str else "", int(lb.num))
             elif key in TRACE_KEYS:
                 trace = _trace_id(s(lb.str, "label value"))
+            elif key in THREAD_ID_KEYS:
+                v = s(lb.str, "label value") if lb.str else ""
+                thread_id = int(v) if v.isdigit() else max(0, int(lb.num))
+            elif key in THREAD_NAME_KEYS:
+                thread_name = s(lb.str, "label value")
+            elif key == "span_name":
+                span_name = s(lb.str, "label value")
         for i, k, t, u in kinds.values():
             if i >= len(smp.value):
                 raise InvalidData(f"pprof: sample[{n}] has {len(smp.value)} values for "
@@ -141,5 +140,6 @@ def decode_pprof(data: bytes, service: str, max_bytes: int = 64 << 20) -> Profil
                 max(1, round(value / k.period_ns)) if k.period_ns and k.measure != "other"
                 else 1)
             samples.append(Sample(trace if span else b"", span or b"", service, t0, sid,
-                                  k.measure, value, ticks, t, u))
+                                  k.measure, value, ticks, t, u, thread_id, thread_name,
+                                  span_name))
     return ProfileBatch(samples, {sid: stacks[sid] for sid in {x.stack_id for x in samples}})

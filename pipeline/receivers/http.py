@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from pipeline.errors import ConfigError
+from pipeline.errors import ConfigError, TooLarge
+from pipeline.receivers.limits import gunzip_limited
 
 
 def check_endpoint(endpoint: str, key: str = "endpoint") -> None:
@@ -27,3 +28,26 @@ async def serve(app: web.Application, endpoint: str, where: str) -> tuple[web.Ap
         raise ConfigError(f"{where}: cannot listen on {endpoint}: {err.strerror}") from None
     sockets = getattr(site._server, "sockets", None) or []
     return runner, sockets[0].getsockname()[1] if sockets else int(port)
+
+
+def app_for(max_decompressed_bytes: int) -> web.Application:
+    """aiohttp inflates gzip request bodies itself, chunk by chunk, and stops at
+    ``client_max_size``: that is where a gzip bomb is refused, before it is inflated."""
+    return web.Application(client_max_size=max_decompressed_bytes)
+
+
+async def read_body(request: web.Request, max_request_bytes: int,
+                    max_decompressed_bytes: int) -> bytes:
+    """The request body, within both limits (``TooLarge`` names the key it broke)."""
+    if request.content_length and request.content_length > max_request_bytes:
+        raise TooLarge(f"request body of {request.content_length} bytes, over "
+                       f"max_request_bytes={max_request_bytes}")
+    try:
+        body = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise TooLarge("request body decompresses to more than max_decompressed_bytes="
+                       f"{max_decompressed_bytes}") from None
+    if body[:2] == b"\x1f\x8b":  # gzip without Content-Encoding: inflated here, bounded
+        body = gunzip_limited(body, max_decompressed_bytes, "request body",
+                              "max_decompressed_bytes")
+    return body

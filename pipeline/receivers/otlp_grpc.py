@@ -1,18 +1,13 @@
-"""``otlp`` receiver: OTLP/gRPC ``TraceService/Export`` and ``ProfilesService/Export``.
-
-    receivers:
-      otlp:
-        protocols:
-          grpc:
-            endpoint: 127.0.0.1:4317
-            max_recv_msg_size_mib: 16
-            max_concurrent_streams: 64
+"""OTLP/gRPC: ``TraceService/Export`` and ``ProfilesService/Export`` (the ``grpc``
+protocol of the ``otlp`` receiver, pipeline/receivers/otlp.py).
 
 Requests are taken as raw bytes and parsed here, so that garbage is answered with
 ``INVALID_ARGUMENT`` (grpc's own deserialiser would make it ``INTERNAL``). Items that fail
 validation are counted in ``partial_success``; the rest are accepted. The reply is sent
 only once the pipeline has made the data durable; if it cannot, the client gets
-``UNAVAILABLE`` and retries.
+``UNAVAILABLE`` and retries. Limits: ``max_recv_msg_size_mib`` is enforced by gRPC on the
+message *after* decompression (a gzip bomb is refused, ``RESOURCE_EXHAUSTED``), and
+``max_spans_per_request`` / ``max_samples_per_request`` on the message before decoding.
 """
 
 from __future__ import annotations
@@ -26,10 +21,11 @@ from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.profiles.v1development import profiles_service_pb2 as pps
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as tps
 
-from pipeline.errors import ConfigError, InvalidData, Retryable
+from pipeline.errors import ConfigError, InvalidData, Retryable, TooLarge
 from pipeline.otlp.profiles import decode_profiles
 from pipeline.otlp.traces import decode_traces
-from pipeline.registry import Context, Factory
+from pipeline.receivers.limits import check_items, count_items
+from pipeline.registry import Context
 
 TRACE_METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 PROFILES_METHOD = "/opentelemetry.proto.collector.profiles.v1development.ProfilesService/Export"
@@ -47,28 +43,19 @@ class GrpcConfig(msgspec.Struct, forbid_unknown_fields=True):
     endpoint: str = "127.0.0.1:4317"
     max_recv_msg_size_mib: int = 16
     max_concurrent_streams: int = 64
+    max_spans_per_request: int = 100_000
+    max_samples_per_request: int = 1_000_000
 
-
-class Protocols(msgspec.Struct, forbid_unknown_fields=True):
-    grpc: GrpcConfig | None = msgspec.field(default_factory=GrpcConfig)
-
-
-class Config(msgspec.Struct, forbid_unknown_fields=True):
-    protocols: Protocols = msgspec.field(default_factory=Protocols)
-
-    def validate(self) -> None:
-        g = self.protocols.grpc
-        if g is None:
-            raise ConfigError("protocols: enable at least one protocol (grpc)")
-        host, _, port = g.endpoint.rpartition(":")
+    def validate(self, key: str) -> None:
+        host, _, port = self.endpoint.rpartition(":")
         if not host or not port.isdigit():
-            raise ConfigError(f"protocols.grpc.endpoint: expected HOST:PORT, got {g.endpoint!r}")
-        if g.max_recv_msg_size_mib < 1:
-            raise ConfigError("protocols.grpc.max_recv_msg_size_mib: must be at least 1")
+            raise ConfigError(f"{key}.endpoint: expected HOST:PORT, got {self.endpoint!r}")
+        if self.max_recv_msg_size_mib < 1:
+            raise ConfigError(f"{key}.max_recv_msg_size_mib: must be at least 1")
 
 
-class OtlpGrpcReceiver:
-    def __init__(self, cfg: Config, ctx: Context) -> None:
+class GrpcServer:
+    def __init__(self, cfg: GrpcConfig, ctx: Context) -> None:
         self.cfg = cfg
         self.ctx = ctx
         self.log = ctx.log
@@ -78,11 +65,10 @@ class OtlpGrpcReceiver:
         self._stopped = False
 
     def __repr__(self) -> str:
-        return f"<OtlpGrpcReceiver {self.ctx.id} port={self.port} {dict(self.metrics)}>"
+        return f"<GrpcServer {self.ctx.id} port={self.port} {dict(self.metrics)}>"
 
     async def start(self) -> None:
-        g = self.cfg.protocols.grpc
-        assert g is not None
+        g = self.cfg
         size = g.max_recv_msg_size_mib * 1024 * 1024
         self.server = grpc.aio.server(options=[
             ("grpc.max_receive_message_length", size),
@@ -124,6 +110,13 @@ class OtlpGrpcReceiver:
             self.metrics["malformed_requests"] += 1
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 f"not an {request_type.__name__}: {err}")
+        limit_key = "max_spans_per_request" if signal == "traces" else "max_samples_per_request"
+        try:
+            check_items(count_items(signal, req), getattr(self.cfg, limit_key), ITEMS[signal],
+                        f"receivers.{self.ctx.id}.protocols.grpc.{limit_key}")
+        except TooLarge as err:
+            self.metrics["refused_requests"] += 1
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(err))
         decoded = decode(req)
         if len(decoded.batch):
             await self._deliver(signal, decoded.batch, context)
@@ -158,11 +151,3 @@ class _Handlers(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc ships no 
 
     def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
         return self.handlers.get(details.method)
-
-
-def create(cfg: Config, ctx: Context) -> OtlpGrpcReceiver:
-    return OtlpGrpcReceiver(cfg, ctx)
-
-
-FACTORY = Factory(type="otlp", kind="receiver", config=Config, create=create,
-                  signals=("traces", "profiles"))

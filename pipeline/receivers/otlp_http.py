@@ -1,16 +1,12 @@
-"""``otlp_http`` receiver: OTLP/HTTP ``POST /v1/traces`` and ``POST /v1development/profiles``.
-
-    receivers:
-      otlp_http:
-        endpoint: 127.0.0.1:4318
-        max_request_bytes: 16777216        # after decompression (gzip bombs stop here)
+"""OTLP/HTTP: ``POST /v1/traces`` and ``POST /v1development/profiles`` (the ``http``
+protocol of the ``otlp`` receiver, pipeline/receivers/otlp.py).
 
 Bodies are protobuf (``application/x-protobuf``) or the OTLP JSON mapping
 (``application/json``: hex trace/span ids, integer enums, 64-bit integers as strings), gzip
 or not. As the OTLP/HTTP spec says: 200 with the Export*ServiceResponse (``partial_success``
 when items were refused), 400 for a malformed body, 415 for another content type, 413 over
-the size limit, 503 with ``Retry-After`` when the pipeline cannot take the data now. The
-response uses the request's encoding.
+a limit, 503 with ``Retry-After`` when the pipeline cannot take the data now; error bodies
+are a ``google.rpc.Status``. Responses use the request's encoding.
 """
 
 from __future__ import annotations
@@ -24,14 +20,16 @@ import msgspec
 from aiohttp import web
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
+from google.rpc.status_pb2 import Status
 from opentelemetry.proto.collector.profiles.v1development import profiles_service_pb2 as pps
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as tps
 
-from pipeline.errors import InvalidData, Retryable
+from pipeline.errors import InvalidData, Retryable, TooLarge
 from pipeline.otlp.profiles import decode_profiles
 from pipeline.otlp.traces import decode_traces
-from pipeline.receivers.http import check_endpoint, serve
-from pipeline.registry import Context, Factory
+from pipeline.receivers.http import app_for, check_endpoint, read_body, serve
+from pipeline.receivers.limits import check_items, count_items
+from pipeline.registry import Context
 
 ROUTES: dict[str, tuple[str, Any, Any, str]] = {
     "/v1/traces": ("traces", tps.ExportTraceServiceRequest, decode_traces, "rejected_spans"),
@@ -39,6 +37,7 @@ ROUTES: dict[str, tuple[str, Any, Any, str]] = {
                                 "rejected_profiles"),
 }
 # OTLP JSON writes these bytes fields as hex, protobuf's JSON mapping expects base64
+ITEMS = {"traces": "spans", "profiles": "samples"}
 HEX_FIELDS = {"traceId", "spanId", "parentSpanId", "trace_id", "span_id", "parent_span_id",
               "profileId", "profile_id"}
 
@@ -60,16 +59,19 @@ def _hex_to_base64(node: Any, path: str = "") -> Any:
     return node
 
 
-class Config(msgspec.Struct, forbid_unknown_fields=True):
+class HttpConfig(msgspec.Struct, forbid_unknown_fields=True):
     endpoint: str = "127.0.0.1:4318"
-    max_request_bytes: int = 16 << 20
+    max_request_bytes: int = 16 << 20         # body as sent
+    max_decompressed_bytes: int = 64 << 20    # after gzip: a bomb is refused, not inflated
+    max_spans_per_request: int = 100_000
+    max_samples_per_request: int = 1_000_000
 
-    def validate(self) -> None:
-        check_endpoint(self.endpoint)
+    def validate(self, key: str) -> None:
+        check_endpoint(self.endpoint, f"{key}.endpoint")
 
 
-class OtlpHttpReceiver:
-    def __init__(self, cfg: Config, ctx: Context) -> None:
+class HttpServer:
+    def __init__(self, cfg: HttpConfig, ctx: Context) -> None:
         self.cfg = cfg
         self.ctx = ctx
         self.log = ctx.log
@@ -78,31 +80,40 @@ class OtlpHttpReceiver:
         self.port: int | None = None
 
     def __repr__(self) -> str:
-        return f"<OtlpHttpReceiver {self.ctx.id} port={self.port} {dict(self.metrics)}>"
+        return f"<HttpServer {self.ctx.id} port={self.port} {dict(self.metrics)}>"
 
     async def start(self) -> None:
-        # aiohttp inflates gzip bodies chunk by chunk and stops at client_max_size
-        app = web.Application(client_max_size=self.cfg.max_request_bytes)
+        app = app_for(self.cfg.max_decompressed_bytes)
         for path, (signal, *_rest) in ROUTES.items():
             if signal in self.ctx.next:
                 app.router.add_post(path, self.export)
         self._runner, self.port = await serve(app, self.cfg.endpoint,
-                                              f"receivers.{self.ctx.id}.endpoint")
+                                              f"receivers.{self.ctx.id}.protocols.http.endpoint")
         self.log.info("otlp_http_listening", endpoint=self.cfg.endpoint, port=self.port)
+
+    def _error(self, status: int, message: str, is_json: bool,
+               headers: dict[str, str] | None = None) -> web.Response:
+        """An error answer with a google.rpc.Status body, as the OTLP/HTTP spec says."""
+        code = {400: 3, 413: 8, 415: 3, 503: 14}.get(status, 2)  # gRPC code numbers
+        st = Status(code=code, message=message)
+        if is_json:
+            return web.json_response(json_format.MessageToDict(st), status=status,
+                                     headers=headers)
+        return web.Response(status=status, body=st.SerializeToString(), headers=headers,
+                            content_type="application/x-protobuf")
 
     async def export(self, request: web.Request) -> web.Response:
         signal, request_type, decode, rejected_field = ROUTES[request.path]
         ctype = request.content_type
         is_json = ctype == "application/json"
         if not is_json and ctype not in ("application/x-protobuf", "application/protobuf"):
-            return web.Response(status=415, text=f"unsupported content type {ctype!r}: "
-                                "use application/x-protobuf or application/json")
+            return self._error(415, f"unsupported content type {ctype!r}: use "
+                               "application/x-protobuf or application/json", False)
+        items = ITEMS[signal]
+        limit_key = f"max_{items}_per_request"
         try:
-            body = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            return web.Response(status=413, text="request body (decompressed) over "
-                                f"max_request_bytes={self.cfg.max_request_bytes}")
-        try:
+            body = await read_body(request, self.cfg.max_request_bytes,
+                                   self.cfg.max_decompressed_bytes)
             if is_json:
                 try:
                     doc = json.loads(body)
@@ -112,23 +123,30 @@ class OtlpHttpReceiver:
                                             ignore_unknown_fields=True)
             else:
                 req = request_type.FromString(body)
+            check_items(count_items(signal, req), getattr(self.cfg, limit_key), items,
+                        limit_key)
+        except TooLarge as err:
+            self.metrics["refused_requests"] += 1
+            return self._error(413, f"receivers.{self.ctx.id}.protocols.http: {err}", is_json)
         except (InvalidData, DecodeError, json_format.ParseError) as err:
             self.metrics["malformed_requests"] += 1
-            return web.Response(status=400, text=f"not an {request_type.__name__}: {err}")
+            return self._error(400, f"not an {request_type.__name__}: {err}", is_json)
         decoded = decode(req)
         try:
             if len(decoded.batch):
                 await self.ctx.next[signal].consume(decoded.batch)
         except InvalidData as err:
-            return web.Response(status=400, text=str(err))
+            self.metrics[f"refused_{items}"] += len(decoded.batch)
+            return self._error(400, str(err), is_json)
         except Retryable as err:
-            return web.Response(status=503, text=str(err),
-                                headers={"Retry-After": str(max(1, int(err.retry_after)))})
-        self.metrics[f"accepted_{'spans' if signal == 'traces' else 'samples'}"] += \
-            len(decoded.batch)
+            self.metrics[f"refused_{items}"] += len(decoded.batch)
+            return self._error(503, str(err), is_json,
+                               {"Retry-After": str(max(1, int(err.retry_after)))})
+        self.metrics[f"accepted_{items}"] += len(decoded.batch)
         resp = request_type.__name__.replace("Request", "Response")
         out = (tps if signal == "traces" else pps).__dict__[resp]()
         if decoded.rejected:
+            self.metrics[f"refused_{rejected_field.split('_', 1)[1]}"] += decoded.rejected
             setattr(out.partial_success, rejected_field, decoded.rejected)
             out.partial_success.error_message = decoded.message
         if is_json:
@@ -139,11 +157,3 @@ class OtlpHttpReceiver:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
-
-
-def create(cfg: Config, ctx: Context) -> OtlpHttpReceiver:
-    return OtlpHttpReceiver(cfg, ctx)
-
-
-FACTORY = Factory(type="otlp_http", kind="receiver", config=Config, create=create,
-                  signals=("traces", "profiles"))

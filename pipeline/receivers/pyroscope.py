@@ -26,11 +26,12 @@ import msgspec
 from aiohttp import web
 from google.protobuf.message import DecodeError
 
-from pipeline.errors import InvalidData, Retryable
+from pipeline.errors import InvalidData, Retryable, TooLarge
 from pipeline.otlp.common import UNKNOWN_SERVICE
 from pipeline.pyroscope.messages import PushRequest, PushResponse
-from pipeline.pyroscope.pprof import decode_pprof, gunzip_limited
-from pipeline.receivers.http import check_endpoint, serve
+from pipeline.pyroscope.pprof import decode_pprof
+from pipeline.receivers.http import app_for, check_endpoint, read_body, serve
+from pipeline.receivers.limits import check_items
 from pipeline.records import ProfileBatch
 from pipeline.registry import Context, Factory
 from processors.batch import merge
@@ -51,10 +52,6 @@ class Config(msgspec.Struct, forbid_unknown_fields=True):
         check_endpoint(self.endpoint)
 
 
-class _TooLarge(Exception):
-    pass
-
-
 class PyroscopeReceiver:
     def __init__(self, cfg: Config, ctx: Context) -> None:
         self.cfg = cfg
@@ -68,9 +65,7 @@ class PyroscopeReceiver:
         return f"<PyroscopeReceiver {self.ctx.id} port={self.port} {dict(self.metrics)}>"
 
     async def start(self) -> None:
-        # aiohttp inflates gzip request bodies itself, chunk by chunk, and stops at
-        # client_max_size: that is where a gzip bomb is refused
-        app = web.Application(client_max_size=self.cfg.max_decompressed_bytes)
+        app = app_for(self.cfg.max_decompressed_bytes)
         app.router.add_post(PUSH_PATH, self.push)
         app.router.add_post("/ingest", self.ingest)
         self._runner, self.port = await serve(app, self.cfg.endpoint,
@@ -78,22 +73,25 @@ class PyroscopeReceiver:
         self.log.info("pyroscope_listening", endpoint=self.cfg.endpoint, port=self.port)
 
     async def _body(self, request: web.Request) -> bytes:
-        if request.content_length and request.content_length > self.cfg.max_request_bytes:
-            raise _TooLarge(f"request body over max_request_bytes={self.cfg.max_request_bytes}")
-        try:
-            body = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            raise _TooLarge(f"request body decompresses to more than max_decompressed_bytes="
-                            f"{self.cfg.max_decompressed_bytes}") from None
-        if body[:2] == b"\x1f\x8b":  # still compressed (not inflated on the way in)
-            body = gunzip_limited(body, self.cfg.max_decompressed_bytes, "request body")
-        return body
+        return await read_body(request, self.cfg.max_request_bytes,
+                               self.cfg.max_decompressed_bytes)
+
+    async def _part(self, part: Any) -> bytes:
+        """A multipart form's file, read in chunks within max_request_bytes (aiohttp's
+        client_max_size does not bound multipart reads)."""
+        chunks, size = [], 0
+        while chunk := await part.read_chunk():
+            size += len(chunk)
+            if size > self.cfg.max_request_bytes:
+                raise TooLarge(f"multipart 'profile' part over max_request_bytes="
+                               f"{self.cfg.max_request_bytes}")
+            chunks.append(chunk)
+        return bytes(part.decode(b"".join(chunks)))
 
     async def _deliver(self, batches: list[ProfileBatch]) -> None:
         batch = merge(batches) if batches else ProfileBatch([], {})  # type: ignore[arg-type]
-        if len(batch) > self.cfg.max_samples_per_request:
-            raise _TooLarge(f"{len(batch)} samples, over max_samples_per_request="
-                            f"{self.cfg.max_samples_per_request}")
+        check_items(len(batch), self.cfg.max_samples_per_request, "samples",
+                    "max_samples_per_request")
         if len(batch):
             await self.ctx.next["profiles"].consume(batch)
         self.metrics["accepted_samples"] += len(batch)
@@ -101,8 +99,8 @@ class PyroscopeReceiver:
     async def _handle(self, work: Any, connect: bool) -> web.Response:
         try:
             await work()
-        except (InvalidData, _TooLarge) as err:
-            status = 413 if isinstance(err, _TooLarge) else 400
+        except InvalidData as err:
+            status = 413 if isinstance(err, TooLarge) else 400
             self.metrics["refused_requests"] += 1
             self.log.info("pyroscope_request_refused", status=status, reason=str(err)[:300])
             if connect:
@@ -157,7 +155,7 @@ class PyroscopeReceiver:
                 data = b""
                 async for part in await request.multipart():
                     if getattr(part, "name", None) == "profile":
-                        data = await part.read(decode=True)  # type: ignore[union-attr]
+                        data = await self._part(part)
                 if not data:
                     raise InvalidData("multipart form has no 'profile' part")
             else:

@@ -79,6 +79,29 @@ class TestValidConfigs:
         assert cfg.exporters["debug/two"].verbosity == "detailed"
         assert cfg.exporters["debug/one"].verbosity == "basic"
 
+    @pytest.mark.parametrize("protocols,grpc,http", [
+        ("", "127.0.0.1:4317", None),
+        ("    protocols:\n      grpc:\n      http:\n", "127.0.0.1:4317", "127.0.0.1:4318"),
+        ("    protocols:\n      http:\n        endpoint: 0.0.0.0:9\n", None, "0.0.0.0:9"),
+        ("    protocols:\n      grpc: {max_spans_per_request: 5}\n", "127.0.0.1:4317", None),
+    ])
+    def test_otlp_protocols_as_in_the_collector(self, protocols: str, grpc: str | None,
+                                                http: str | None) -> None:
+        """A protocol runs when its key is present, even with no value (Collector style);
+        no protocols at all means gRPC alone."""
+        text = (TESTDATA / "base.yaml").read_text().replace("  otlp:\n",
+                                                            "  otlp:\n" + protocols)
+        g, h = load_text(text, env={}).receivers["otlp"].protocols.enabled()
+        assert (g and g.endpoint, h and h.endpoint) == (grpc, http)
+
+    def test_otlp_without_any_protocol_is_an_error(self) -> None:
+        text = (TESTDATA / "base.yaml").read_text().replace("  otlp:\n",
+                                                            "  otlp:\n    protocols: {}\n")
+        with pytest.raises(ConfigError) as err:
+            load_text(text, env={})
+        assert any("receivers.otlp.protocols: enable at least one protocol" in p
+                   for p in err.value.problems), err.value.problems
+
     @pytest.mark.parametrize("kind,type_", [(k, t) for k, fs in factories().items()
                                             for t in fs])
     def test_empty_section_decodes_to_defaults(self, kind: str, type_: str) -> None:

@@ -24,7 +24,7 @@ def make(kind: str, type_: str, tmp_path: Path, request: pytest.FixtureRequest) 
     raw: dict[str, object] = {}
     if type_ == "otlp":
         raw = {"protocols": {"grpc": {"endpoint": "127.0.0.1:0"}}}
-    if type_ in ("pyroscope", "otlp_http"):
+    if type_ == "pyroscope":
         raw = {"endpoint": "127.0.0.1:0"}
     if type_ == "kafka":  # the real broker: a receiver cannot start without one
         raw = {"brokers": [request.getfixturevalue("kafka_broker").bootstrap],

@@ -17,7 +17,8 @@ TRACES_COLUMNS = [
     "Events.Attributes", "Links.TraceId", "Links.SpanId", "Links.TraceState", "Links.Attributes",
 ]
 SAMPLES_COLUMNS = ["time", "service", "trace_id", "span_id", "stack_id", "measure",
-                   "sample_type", "unit", "value", "count"]
+                   "sample_type", "unit", "value", "count", "thread_id", "thread_name",
+                   "span_name", "pid", "host"]
 STACKS_COLUMNS = ["stack_id", "functions", "files", "lines"]
 ATTRIBUTION_COLUMNS = ["trace_id", "span_id", "method", "source", "service", "name",
                        "parent_span_id", "start_time", "duration_ns", "span_known", "cpu_ns",
@@ -87,6 +88,11 @@ def profiles(batch: ProfileBatch, skip_stacks: set[int] | frozenset[int] = froze
         "unit": [s.unit for s in ss],
         "value": [s.value for s in ss],
         "count": [s.count for s in ss],
+        "thread_id": [s.thread_id for s in ss],
+        "thread_name": [s.thread_name for s in ss],
+        "span_name": [s.span_name for s in ss],
+        "pid": [s.pid for s in ss],
+        "host": [s.host for s in ss],
     }}
     stacks = [st for sid, st in batch.stacks.items() if sid not in skip_stacks]
     if stacks:

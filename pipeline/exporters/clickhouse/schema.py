@@ -199,7 +199,21 @@ GROUP BY trace_id, span_id, method""",
     ]
 
 
-MIGRATIONS = [migration_1]
+def migration_2(o: SchemaOptions) -> list[str]:
+    """Where a sample was taken: thread (for child-span and thread attribution), the span
+    name Pyroscope SDKs label samples with, and the process (pid, host)."""
+    db = o.database
+    return [
+        f"""ALTER TABLE {db}.profile_samples
+    ADD COLUMN IF NOT EXISTS thread_id UInt64 CODEC(T64, ZSTD(1)),  -- 0: not known
+    ADD COLUMN IF NOT EXISTS thread_name LowCardinality(String),
+    ADD COLUMN IF NOT EXISTS span_name LowCardinality(String),
+    ADD COLUMN IF NOT EXISTS pid UInt32 CODEC(T64, ZSTD(1)),
+    ADD COLUMN IF NOT EXISTS host LowCardinality(String)""",
+    ]
+
+
+MIGRATIONS = [migration_1, migration_2]
 
 
 def bootstrap(o: SchemaOptions) -> list[str]:

@@ -8,6 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from pipeline.errors import Retryable
@@ -132,8 +133,8 @@ class TestExporterOnEmbeddedEngine:
             if round_ == 0:
                 for batch in _records():
                     await ex.consume(batch)
-            _, rows = await ex.query("SELECT version FROM spanprof.schema_migrations")
-            assert rows == [(1,)]
+            _, rows = await ex.query("SELECT version FROM spanprof.schema_migrations ORDER BY 1")
+            assert rows == [(1,), (2,)]
             await ex.shutdown()
             await ex.shutdown()  # idempotent
         with clickhouse(tmp_path / "ch") as ch:
@@ -146,6 +147,32 @@ class TestExporterOnEmbeddedEngine:
                             ).result_rows == [(10_000_000, 40_000_000)]
             assert ch.query("SELECT function, self_cpu_ns FROM spanprof.span_functions"
                             ).result_rows == [("leaf", 10_000_000)]
+
+    async def test_upgrade_from_migration_1_keeps_old_rows(self, tmp_path: Path) -> None:
+        """A database made by the first schema is brought up to date on start, without a
+        manual ALTER: old rows stay, new columns read their defaults, new rows fill them."""
+        from pipeline.exporters.clickhouse.schema import bootstrap, migration_1
+        with clickhouse(tmp_path / "ch") as ch:
+            o = SchemaOptions(ttl_seconds=0)
+            for sql in bootstrap(o) + migration_1(o):
+                ch.command(sql)
+            ch.insert("spanprof.schema_migrations", [[1]], column_names=["version"])
+            ch.command("INSERT INTO spanprof.profile_samples (time, service, stack_id, measure,"
+                       " value, count) VALUES (now64(9), 'old', 7, 'cpu', 5, 1)")
+        cfg = Config(endpoint=f"chdb://{tmp_path}/ch", flush_interval=0.05, ttl=0)
+        ex = ClickHouseExporter(cfg, Context("clickhouse", ["traces"], data_dir=str(tmp_path)))
+        await ex.start()
+        _, profiles, _ = _records()
+        profiles.samples[0] = msgspec.structs.replace(
+            profiles.samples[0], thread_id=42, thread_name="worker-1", span_name="GET /", pid=9,
+            host="h")
+        await ex.consume(profiles)
+        _, got = await ex.query("SELECT version FROM spanprof.schema_migrations ORDER BY 1")
+        assert got == [(1,), (2,)]
+        _, got = await ex.query("SELECT service, thread_id, thread_name, span_name, pid, host "
+                                "FROM spanprof.profile_samples ORDER BY service")
+        assert got == [("api", 42, "worker-1", "GET /", 9, "h"), ("old", 0, "", "", 0, "")]
+        await ex.shutdown()
 
     async def test_unreachable_server_is_a_config_error_naming_the_key(self) -> None:
         """A server that cannot be reached fails start-up with the endpoint key in the text."""

@@ -514,6 +514,36 @@ class TestService:
         assert only_sample(decode_profiles(req)).service == "checkout"
 
 
+class TestWhereSampled:
+    def test_thread_attributes_and_process_identity(self) -> None:
+        """thread.id / thread.name sample attributes (eBPF agents), resource process.pid and
+        host.name, and a profile-level thread.id applying to samples that name none."""
+        b = ProfileBuilder()
+        res = {"process.pid": 311, "host.name": "node-1"}
+        b.sample(["a"], 1, attributes={"thread.id": 12, "thread.name": "worker"}, resource=res)
+        b.sample(["a"], 2, resource=res)
+        req = b.build()
+        prof = req.resource_profiles[0].scope_profiles[0].profiles[0]
+        prof.attribute_indices.append(b.attribute("thread.id", 99))
+        got = [(s.thread_id, s.thread_name, s.pid, s.host) for s in
+               decode_profiles(req).batch.samples]
+        assert got == [(12, "worker", 311, "node-1"), (99, "", 311, "node-1")]
+
+    def test_go_pprof_labels_are_a_link(self) -> None:
+        """process.context.label.span_id (Go pprof labels, passed on by the eBPF profiler) is
+        a span-only link, with the trace when process.context.label.trace_id is there; a
+        malformed one is ignored, and a real link wins."""
+        b = ProfileBuilder()
+        b.sample(["a"], 1, attributes={"process.context.label.span_id": SPAN.hex()})
+        b.sample(["a"], 2, attributes={"process.context.label.span_id": SPAN.hex(),
+                                       "process.context.label.trace_id": TRACE.hex()})
+        b.sample(["a"], 3, attributes={"process.context.label.span_id": "xyz"})
+        b.sample(["a"], 4, TRACE, b"\x09" * 8,
+                 attributes={"process.context.label.span_id": SPAN.hex()})
+        got = [(s.trace_id, s.span_id) for s in decode_profiles(b.build()).batch.samples]
+        assert got == [(b"", SPAN), (TRACE, SPAN), (b"", b""), (TRACE, b"\x09" * 8)]
+
+
 # -- property: CPU is conserved per span ------------------------------------------------
 
 _ids = st.tuples(st.binary(min_size=16, max_size=16), st.binary(min_size=8, max_size=8)) \

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -14,14 +15,8 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
 from pipeline.errors import InvalidData, Retryable
 from pipeline.otlp.builder import ProfileBuilder
-from pipeline.receivers.otlp_grpc import (
-    PROFILES_METHOD,
-    TRACE_METHOD,
-    Config,
-    GrpcConfig,
-    OtlpGrpcReceiver,
-    Protocols,
-)
+from pipeline.receivers.otlp import Config, OtlpReceiver, Protocols
+from pipeline.receivers.otlp_grpc import PROFILES_METHOD, TRACE_METHOD, GrpcConfig
 from pipeline.records import Batch
 from pipeline.registry import Context
 
@@ -40,14 +35,16 @@ class FakeConsumer:
 
 
 @pytest.fixture
-async def receiver() -> AsyncIterator[tuple[OtlpGrpcReceiver, FakeConsumer, grpc.aio.Channel]]:
+async def receiver() -> AsyncIterator[tuple[OtlpReceiver, FakeConsumer, grpc.aio.Channel]]:
     fake = FakeConsumer()
-    cfg = Config(protocols=Protocols(grpc=GrpcConfig(endpoint="127.0.0.1:0",
-                                                     max_recv_msg_size_mib=1)))
-    r = OtlpGrpcReceiver(cfg, Context("otlp", ["traces", "profiles"],
-                                      next={"traces": fake, "profiles": fake}))
+    cfg = Config(protocols=Protocols(grpc=GrpcConfig(
+        endpoint="127.0.0.1:0", max_recv_msg_size_mib=1, max_spans_per_request=50,
+        max_samples_per_request=20)))
+    r = OtlpReceiver(cfg, Context("otlp", ["traces", "profiles"],
+                                  next={"traces": fake, "profiles": fake}))
     await r.start()
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{r.port}")
+    assert r.grpc is not None and r.http is None
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{r.grpc.port}")
     yield r, fake, channel
     await channel.close()
     await r.shutdown()
@@ -141,3 +138,41 @@ class TestOtlpGrpcReceiver:
             await stub.Export(req)
         assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert fake.batches == []
+
+    async def test_gzip_bomb_refused_by_decompressed_size(self, receiver: Any) -> None:
+        """A gzip-compressed request that inflates beyond max_recv_msg_size_mib (1 MiB here)
+        is refused with RESOURCE_EXHAUSTED, though it is tiny on the wire; the next request
+        is served."""
+        r, fake, _ = receiver
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{r.grpc.port}",
+                                             compression=grpc.Compression.Gzip) as ch:
+            stub = trace_service_pb2_grpc.TraceServiceStub(ch)
+            req = span_request([b"\x01" * 8])
+            req.resource_spans[0].scope_spans[0].spans[0].name = "\0" * (8 << 20)
+            assert len(gzip.compress(req.SerializeToString())) < 64 << 10
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await stub.Export(req)
+            assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            await stub.Export(span_request([b"\x02" * 8]))
+        assert [b.spans[0].span_id for b in fake.batches] == [b"\x02" * 8]
+
+    async def test_too_many_items_refused_whole_naming_the_key(self, receiver: Any) -> None:
+        """More spans (samples) than max_spans_per_request (max_samples_per_request) in one
+        request: RESOURCE_EXHAUSTED naming the key, nothing taken; at the limit: taken."""
+        r, fake, channel = receiver
+        stub = trace_service_pb2_grpc.TraceServiceStub(channel)
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.Export(span_request([bytes([1, i + 1]) + bytes(6) for i in range(51)]))
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "51 spans in one request, over receivers.otlp.protocols.grpc." \
+               "max_spans_per_request=50" in (err.value.details() or "")
+        await stub.Export(span_request([bytes([1, i + 1]) + bytes(6) for i in range(50)]))
+        b = ProfileBuilder()
+        for i in range(21):
+            b.sample(["f"], 10, TID, b"\x01" * 8, timestamps=[i + 1])
+        pstub = profiles_service_pb2_grpc.ProfilesServiceStub(channel)
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await pstub.Export(b.build())
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "max_samples_per_request=20" in (err.value.details() or "")
+        assert [len(x) for x in fake.batches] == [50]

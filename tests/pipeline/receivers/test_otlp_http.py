@@ -10,25 +10,30 @@ from typing import Any
 
 import aiohttp
 import pytest
+from google.rpc.status_pb2 import Status
 
 from pipeline.errors import Retryable
 from pipeline.otlp.builder import ProfileBuilder
-from pipeline.receivers.otlp_http import Config, OtlpHttpReceiver
+from pipeline.receivers.otlp import Config, OtlpReceiver, Protocols
+from pipeline.receivers.otlp_http import HttpConfig
 from pipeline.registry import Context
-from tests.pipeline.receivers.test_otlp_grpc import FakeConsumer
+from tests.pipeline.receivers.test_otlp_grpc import FakeConsumer, span_request
 
 PB = {"content-type": "application/x-protobuf"}
 JS = {"content-type": "application/json"}
 
 
 @pytest.fixture
-async def server() -> AsyncIterator[tuple[OtlpHttpReceiver, FakeConsumer, str]]:
+async def server() -> AsyncIterator[tuple[OtlpReceiver, FakeConsumer, str]]:
     fake = FakeConsumer()
-    r = OtlpHttpReceiver(Config(endpoint="127.0.0.1:0", max_request_bytes=1 << 20),
-                         Context("otlp_http", ["traces", "profiles"],
-                                 next={"traces": fake, "profiles": fake}))
+    http = HttpConfig(endpoint="127.0.0.1:0", max_request_bytes=256 << 10,
+                      max_decompressed_bytes=1 << 20, max_spans_per_request=50)
+    r = OtlpReceiver(Config(protocols=Protocols(http=http)),
+                     Context("otlp", ["traces", "profiles"],
+                             next={"traces": fake, "profiles": fake}))
     await r.start()
-    yield r, fake, f"http://127.0.0.1:{r.port}"
+    assert r.http is not None and r.grpc is None
+    yield r, fake, f"http://127.0.0.1:{r.http.port}"
     await r.shutdown()
 
 
@@ -107,20 +112,35 @@ class TestOtlpHttpReceiver:
          JS, 400, "is not a hex id"),
         (b"x", {"content-type": "text/plain"}, 415, "unsupported content type"),
         (gzip.compress(b"\0" * (4 << 20)), {**PB, "content-encoding": "gzip"}, 413,
-         "max_request_bytes"),
+         "decompresses to more than max_decompressed_bytes=1048576"),
+        (gzip.compress(b"\0" * (4 << 20)), PB, 413,  # gzip without the header: same limit
+         "decompresses to more than max_decompressed_bytes=1048576"),
+        (b"\0" * (300 << 10), PB, 413, "over max_request_bytes=262144"),
+        (lambda: span_request([bytes([1, i + 1]) + bytes(6) for i in range(51)])
+         .SerializeToString(), PB, 413, "51 spans in one request, over max_spans_per_request=50"),
     ])
     async def test_bad_requests(self, server: Any, body: Any, headers: dict[str, str],
                                 status: int, text: str) -> None:
-        """Malformed bodies, bad JSON ids, a wrong content type and a gzip bomb each get
-        their status and a message; the receiver keeps serving."""
+        """Malformed bodies, bad JSON ids, a wrong content type, a gzip bomb, an oversized
+        body and too many spans each get their status and a google.rpc.Status naming the
+        problem (in the request's encoding); nothing is taken; the receiver keeps serving."""
         r, fake, url = server
         async with aiohttp.ClientSession() as http:
-            async with http.post(url + "/v1/traces", data=body, headers=headers) as resp:
+            data = body() if callable(body) else body
+            async with http.post(url + "/v1/traces", data=data, headers=headers) as resp:
                 assert resp.status == status
-                assert text in await resp.text()
+                raw = await resp.read()
+                if resp.content_type == "application/json":
+                    message = json.loads(raw)["message"]
+                else:
+                    assert resp.content_type == "application/x-protobuf"
+                    message = Status.FromString(raw).message
+                assert text in message
+            assert fake.batches == []
             async with http.post(url + "/v1/traces", data=json.dumps(SPAN_JSON),
                                  headers=JS) as resp:
                 assert resp.status == 200
+        assert len(fake.batches) == 1
 
     async def test_backpressure_503_retry_after(self, server: Any) -> None:
         """A full pipeline answers 503 with Retry-After (the spec's retryable status)."""

@@ -113,6 +113,23 @@ class TestPyroscopeReceiver:
         stack = fake.batches[0].stacks[fake.batches[0].samples[0].stack_id]
         assert stack.functions == ["fn1", "fn2"]
 
+    async def test_thread_and_span_name_labels_kept(self, server: Any) -> None:
+        """thread_id (string or numeric label), thread_name and span_name reach the sample."""
+        r, fake, url = server
+        p = Profile.FromString(pprof([([1], 10, {"span_id": "00000000000000aa",
+                                                  "span_name": "GET /cart",
+                                                  "thread_id": "140211", "thread_name": "w-1"}),
+                                      ([2], 20, {})]))
+        key = len(p.string_table)
+        p.string_table.append("thread_id")
+        p.sample[1].label.add(key=key, num=77)
+        async with aiohttp.ClientSession() as http:
+            async with http.post(url + PUSH_PATH, data=push_body(p.SerializeToString()),
+                                 headers=HEADERS) as resp:
+                assert resp.status == 200
+        got = [(s.thread_id, s.thread_name, s.span_name) for s in fake.batches[0].samples]
+        assert got == [(140211, "w-1", "GET /cart"), (77, "", "")]
+
     @pytest.mark.parametrize("case,status,text", [
         ("bomb", 413, "decompresses to more than"),
         ("truncated", 400, "not a valid profile"),

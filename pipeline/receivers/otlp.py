@@ -1,0 +1,107 @@
+"""``otlp`` receiver: OTLP over gRPC and/or HTTP, configured as in the OpenTelemetry
+Collector.
+
+    receivers:
+      otlp:
+        protocols:
+          grpc:                                  # TraceService/Export, ProfilesService/Export
+            endpoint: 127.0.0.1:4317
+            max_recv_msg_size_mib: 16            # after decompression (gzip bombs stop here)
+            max_concurrent_streams: 64
+            max_spans_per_request: 100000
+            max_samples_per_request: 1000000
+          http:                                  # POST /v1/traces, /v1development/profiles
+            endpoint: 127.0.0.1:4318
+            max_request_bytes: 16777216          # body as sent
+            max_decompressed_bytes: 67108864     # after gzip
+            max_spans_per_request: 100000
+            max_samples_per_request: 1000000
+
+A protocol runs when its key is present (``grpc:`` with no value takes the defaults, as in
+the Collector); with no ``protocols`` at all, gRPC alone runs. Both servers feed the same
+pipelines. See otlp_grpc.py and otlp_http.py for what each answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from typing import Any
+
+import msgspec
+
+from pipeline.errors import ConfigError
+from pipeline.receivers.otlp_grpc import GrpcConfig, GrpcServer
+from pipeline.receivers.otlp_http import HttpConfig, HttpServer
+from pipeline.registry import Context, Factory
+
+UNSET = msgspec.UNSET
+
+
+class Protocols(msgspec.Struct, forbid_unknown_fields=True):
+    # absent: off; present (even empty, ``grpc:``): on with defaults for what is not given
+    grpc: GrpcConfig | None | msgspec.UnsetType = UNSET
+    http: HttpConfig | None | msgspec.UnsetType = UNSET
+
+    def enabled(self) -> tuple[GrpcConfig | None, HttpConfig | None]:
+        g = None if self.grpc is UNSET else (self.grpc or GrpcConfig())
+        h = None if self.http is UNSET else (self.http or HttpConfig())
+        return g, h
+
+
+class Config(msgspec.Struct, forbid_unknown_fields=True):
+    protocols: Protocols = msgspec.field(default_factory=lambda: Protocols(grpc=None))
+
+    def validate(self) -> None:
+        g, h = self.protocols.enabled()
+        if g is None and h is None:
+            raise ConfigError("protocols: enable at least one protocol (grpc, http)")
+        if g is not None:
+            g.validate("protocols.grpc")
+        if h is not None:
+            h.validate("protocols.http")
+
+
+class OtlpReceiver:
+    def __init__(self, cfg: Config, ctx: Context) -> None:
+        g, h = cfg.protocols.enabled()
+        self.grpc = GrpcServer(g, ctx) if g is not None else None
+        self.http = HttpServer(h, ctx) if h is not None else None
+        self.ctx = ctx
+
+    def __repr__(self) -> str:
+        return f"<OtlpReceiver {self.ctx.id} grpc={self.grpc!r} http={self.http!r}>"
+
+    @property
+    def servers(self) -> list[Any]:
+        return [s for s in (self.grpc, self.http) if s is not None]
+
+    @property
+    def metrics(self) -> Counter[str]:
+        out: Counter[str] = Counter()
+        for s in self.servers:
+            out.update(s.metrics)
+        return out
+
+    async def start(self) -> None:
+        started = []
+        try:
+            for s in self.servers:
+                await s.start()
+                started.append(s)
+        except BaseException:
+            for s in started:
+                await s.shutdown()
+            raise
+
+    async def shutdown(self) -> None:
+        # together: neither protocol keeps taking requests while the other drains
+        await asyncio.gather(*(s.shutdown() for s in self.servers))
+
+
+def create(cfg: Config, ctx: Context) -> OtlpReceiver:
+    return OtlpReceiver(cfg, ctx)
+
+
+FACTORY = Factory(type="otlp", kind="receiver", config=Config, create=create,
+                  signals=("traces", "profiles"))
