@@ -25,6 +25,7 @@ test: venv
 bench: venv
 	$(BIN)/python bench/bench_pipeline.py
 	$(BIN)/python bench/bench_kafka.py
+	$(BIN)/python bench/accuracy.py
 
 lint: venv
 	$(BIN)/ruff check pipeline processors tests bench

@@ -87,25 +87,27 @@ def _ms(ns: int) -> str:
 
 def cmd_top(args: argparse.Namespace) -> int:
     data = _get(args, "/api/v1/spans", {"order": args.by, "limit": args.limit,
-                                        "service": args.service})
+                                        "service": args.service, "method": args.method})
     spans = data["spans"]
     if args.format == "json":
         print(json.dumps(spans, indent=2))
         return 0
     header = f"{'TRACE_ID':32}  {'SPAN_ID':16}  {'SERVICE':16}  {'NAME':24}  " \
-             f"{'DURATION':>10}  {'CPU':>10}  {'OFF-CPU':>10}  {'SAMPLES':>7}  TOP FUNCTION"
+             f"{'DURATION':>10}  {'CPU':>10}  {'INCL CPU':>10}  {'OFF-CPU':>10}  {'SAMPLES':>7}  " \
+             "TOP FUNCTION"
     print(header)
     for s in spans:
         top = s["top_functions"][0] if s["top_functions"] else None
         topf = f"{top['name']} ({_ms(top['self_ns'])})" if top else "-"
         print(f"{s['trace_id']:32}  {s['span_id']:16}  {s['service'][:16]:16}  "
               f"{s['name'][:24]:24}  {_ms(s['duration_ns']):>10}  {_ms(s['cpu_ns']):>10}  "
-              f"{_ms(s['off_cpu_ns']):>10}  {s['sample_count']:>7}  {topf}")
+              f"{_ms(s['inclusive_cpu_ns']):>10}  {_ms(s['off_cpu_ns']):>10}  "
+              f"{s['sample_count']:>7}  {topf}")
     return 0
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    data = _get(args, f"/api/v1/traces/{args.trace_id.lower()}", {})
+    data = _get(args, f"/api/v1/traces/{args.trace_id.lower()}", {"method": args.method})
     if args.format == "json":
         print(json.dumps(data, indent=2))
         return 0
@@ -126,11 +128,20 @@ def cmd_explain(args: argparse.Namespace) -> int:
         top = s["top_functions"][0] if s["top_functions"] else None
         name = s["name"] or "(span not received)"
         line = (f"{prefix}{branch}{s['service']}: {name}  duration {_ms(s['duration_ns'])}"
-                f"  cpu {_ms(s['cpu_ns'])}  off-cpu {_ms(s['off_cpu_ns'])}"
-                f"  samples {s['sample_count']}")
+                f"  cpu {_ms(s['cpu_ns'])}")
+        if s.get("inclusive_cpu_ns", s["cpu_ns"]) != s["cpu_ns"]:
+            line += f" (with children {_ms(s['inclusive_cpu_ns'])})"
+        line += f"  off-cpu {_ms(s['off_cpu_ns'])}  samples {s['sample_count']}"
         if top:
             line += f"  top {top['name']} {_ms(top['self_ns'])}"
+        for method, a in sorted((s.get("approximate") or {}).items()):
+            line += f"  ~{_ms(a['cpu_ns'])} more by {method}"
         print(line)
+        wall = s.get("top_wall_functions") or []
+        if wall:
+            pad = prefix + ("" if depth == 0 else ("   " if last else "│  "))
+            waits = ", ".join(f"{w['name']} {_ms(w['self_ns'])}" for w in wall[:3])
+            print(f"{pad}   wall: {waits}")
         kids = children.get(s["span_id"], [])
         ext = "" if depth == 0 else ("   " if last else "│  ")
         for i, k in enumerate(kids):
@@ -167,8 +178,12 @@ def parser() -> argparse.ArgumentParser:
     for name, helptext in (("top", "spans by CPU or duration"), ("explain", "one trace")):
         c = sub.add_parser(name, help=helptext)
         c.add_argument("--admin", default=DEFAULT_ADMIN, help="admin API of `spanprof run`")
+        c.add_argument("--method", default="exact",
+                       help="rows to add up: exact (link, link+time; the default), all, or "
+                            "a comma-separated list of link, link+time, thread, window")
         if name == "top":
-            c.add_argument("--by", choices=["cpu", "duration", "off_cpu"], default="cpu")
+            c.add_argument("--by", choices=["cpu", "inclusive", "duration", "off_cpu"],
+                           default="cpu")
             c.add_argument("--limit", type=int, default=20)
             c.add_argument("--service")
             c.add_argument("--format", choices=["table", "json"], default="table")

@@ -93,6 +93,9 @@ class Sample(msgspec.Struct, array_like=True, gc=False):
     span_name: str = ""
     pid: int = 0
     host: str = ""
+    # time_ns is the instant this sample was taken (OTLP timestamps_unix_nano), not just
+    # its profile's start: the correlator may then place it in a child span or by thread
+    timed: bool = False
 
 
 class SpanBatch(msgspec.Struct):
@@ -131,7 +134,7 @@ class Attribution(msgspec.Struct, array_like=True, gc=False):
 
     trace_id: bytes
     span_id: bytes
-    method: str  # "link": joined through a profile link / span label (exact)
+    method: str  # link | link+time (exact) | thread | window (approximate); state.py
     service: str
     name: str
     parent_span_id: bytes
@@ -147,6 +150,9 @@ class Attribution(msgspec.Struct, array_like=True, gc=False):
     # (so a redelivered message rewrites the same rows, which ClickHouse deduplicates),
     # or a random id for rows that summarise in-memory state
     source: int = 0
+    # self CPU plus the CPU of descendants in the same service placed through this row's
+    # method (cpu_ns is the span's self CPU)
+    inclusive_cpu_ns: int = 0
 
 
 class Unattributed(msgspec.Struct, array_like=True, gc=False):

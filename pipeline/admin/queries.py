@@ -18,9 +18,42 @@ class Queryable(Protocol):
                     ) -> tuple[list[str], list[tuple[Any, ...]]]: ...
 
 
-SPAN_FIELDS = ("trace_id, span_id, service, name, parent_span_id, "
-               "toUnixTimestamp64Nano(start_time) AS start_time_unix_nano, duration_ns, cpu_ns, "
-               "off_cpu_ns, wall_ns, sample_count, span_known, method")
+# which rows add up to a span's figures: the exact methods by default; ``thread`` and
+# ``window`` rows are approximate and never summed with them unless asked
+METHOD_SETS = {"exact": ("link", "link+time"), "all": ("link", "link+time", "thread", "window")}
+APPROXIMATE = ("thread", "window")
+
+
+def _spans_sql(database: str, where: str, tail: str = "") -> str:
+    """Per span, the sum of its rows over the chosen methods (aggregates get their own
+    names inside, so that ClickHouse never reads an alias as the column it shadows)."""
+    return f"""SELECT trace_id, span_id, service_ AS service, name_ AS name,
+       parent_ AS parent_span_id, toUnixTimestamp64Nano(start_) AS start_time_unix_nano,
+       duration_ AS duration_ns, cpu_ AS cpu_ns, incl_ AS inclusive_cpu_ns,
+       toUInt64(greatest(0, toInt64(duration_) - toInt64(incl_))) AS off_cpu_ns,
+       wall_ AS wall_ns, samples_ AS sample_count, known_ AS span_known, methods_ AS method
+FROM (SELECT t.trace_id AS trace_id, t.span_id AS span_id, max(t.service) AS service_,
+             max(t.name) AS name_, max(t.parent_span_id) AS parent_,
+             max(t.start_time) AS start_, max(t.duration_ns) AS duration_,
+             sum(t.cpu_ns) AS cpu_, sum(t.inclusive_cpu_ns) AS incl_, sum(t.wall_ns) AS wall_,
+             sum(t.sample_count) AS samples_, max(t.span_known) AS known_,
+             arrayStringConcat(arraySort(groupUniqArray(t.method)), ',') AS methods_
+      FROM {database}.span_attribution_totals AS t
+      WHERE {where}
+      GROUP BY t.trace_id, t.span_id)
+{tail}"""
+
+
+def methods_of(spec: str) -> tuple[str, ...]:
+    """``exact`` (link, link+time), ``all``, or a comma-separated list of methods."""
+    if spec in METHOD_SETS:
+        return METHOD_SETS[spec]
+    out = tuple(m for m in spec.split(",") if m)
+    bad = [m for m in out if m not in METHOD_SETS["all"]]
+    if bad or not out:
+        raise ValueError(f"method: expected exact, all or some of "
+                         f"{', '.join(METHOD_SETS['all'])}; got {spec!r}")
+    return out
 
 
 def _dicts(cols: list[str], rows: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
@@ -34,25 +67,30 @@ def _dicts(cols: list[str], rows: list[tuple[Any, ...]]) -> list[dict[str, Any]]
 
 
 async def top_spans(db: Queryable, database: str, order: str = "cpu", limit: int = 20,
-                    service: str | None = None, method: str = "link") -> list[dict[str, Any]]:
-    order_col = {"cpu": "cpu_ns", "duration": "duration_ns", "off_cpu": "off_cpu_ns"}[order]
-    where = ["method = {method:String}", "span_known = 1"]
-    params: dict[str, Any] = {"method": method, "limit": limit}
+                    service: str | None = None, method: str = "exact"
+                    ) -> list[dict[str, Any]]:
+    order_col = {"cpu": "cpu_ns", "inclusive": "inclusive_cpu_ns", "duration": "duration_ns",
+                 "off_cpu": "off_cpu_ns"}[order]
+    methods = methods_of(method)
+    where = ["t.method IN {methods:Array(String)}"]
+    params: dict[str, Any] = {"methods": list(methods), "limit": limit}
     if service:
-        where.append("service = {service:String}")
+        where.append("t.service = {service:String}")
         params["service"] = service
-    cols, rows = await db.query(
-        f"SELECT {SPAN_FIELDS} FROM {database}.span_attribution_totals "
-        f"WHERE {' AND '.join(where)} ORDER BY {order_col} DESC, trace_id, span_id "
-        "LIMIT {limit:UInt32}", params)
+    cols, rows = await db.query(_spans_sql(
+        database, " AND ".join(where),
+        f"WHERE span_known = 1 ORDER BY {order_col} DESC, trace_id, span_id "
+        "LIMIT {limit:UInt32}"), params)
     spans = _dicts(cols, rows)
-    await _add_top_functions(db, database, spans, method)
+    await _add_top_functions(db, database, spans, methods)
     return spans
 
 
-async def trace(db: Queryable, database: str, trace_id: str, method: str = "link"
+async def trace(db: Queryable, database: str, trace_id: str, method: str = "exact"
                 ) -> dict[str, Any]:
-    """Every span of one trace (from ``otel_traces``) with its attribution, if any."""
+    """Every span of one trace (from ``otel_traces``) with its attribution, if any; the
+    approximate methods' figures, when there are some, under ``approximate``."""
+    methods = methods_of(method)
     cols, rows = await db.query(
         f"SELECT SpanId AS span_id, ParentSpanId AS parent_span_id, ServiceName AS service, "
         f"SpanName AS name, toUnixTimestamp64Nano(Timestamp) AS start_time_unix_nano, "
@@ -61,28 +99,40 @@ async def trace(db: Queryable, database: str, trace_id: str, method: str = "link
     spans: dict[str, dict[str, Any]] = {}
     for d in _dicts(cols, rows):
         spans.setdefault(d["span_id"], {
-            **d, "trace_id": trace_id, "cpu_ns": 0, "wall_ns": 0, "sample_count": 0,
-            "off_cpu_ns": d["duration_ns"], "span_known": True, "method": method})
-    cols, rows = await db.query(
-        f"SELECT {SPAN_FIELDS} FROM {database}.span_attribution_totals "
-        "WHERE trace_id = {tid:String} AND method = {method:String}",
-        {"tid": trace_id, "method": method})
+            **d, "trace_id": trace_id, "cpu_ns": 0, "inclusive_cpu_ns": 0, "wall_ns": 0,
+            "sample_count": 0, "off_cpu_ns": d["duration_ns"], "span_known": True,
+            "method": ""})
+    cols, rows = await db.query(_spans_sql(
+        database, "t.trace_id = {tid:String} AND t.method IN {methods:Array(String)}"),
+        {"tid": trace_id, "methods": list(methods)})
     for a in _dicts(cols, rows):
         s = spans.get(a["span_id"])
         if s is None:  # CPU for a span whose span record never arrived
             spans[a["span_id"]] = a
             continue
-        for k in ("cpu_ns", "wall_ns", "sample_count"):
+        for k in ("cpu_ns", "inclusive_cpu_ns", "wall_ns", "sample_count", "method"):
             s[k] = a[k]
-        s["off_cpu_ns"] = max(0, s["duration_ns"] - s["cpu_ns"])
+        s["off_cpu_ns"] = max(0, s["duration_ns"] - s["inclusive_cpu_ns"])
+    approx = [m for m in APPROXIMATE if m not in methods]
+    if approx:
+        _, rows = await db.query(
+            f"SELECT span_id, method, sum(cpu_ns), sum(inclusive_cpu_ns), sum(sample_count) "
+            f"FROM {database}.span_attribution_totals WHERE trace_id = {{tid:String}} AND "
+            "method IN {methods:Array(String)} GROUP BY span_id, method ORDER BY span_id, method",
+            {"tid": trace_id, "methods": approx})
+        for sid, m, cpu, incl, n in rows:
+            if sid in spans:
+                spans[sid].setdefault("approximate", {})[m] = {
+                    "cpu_ns": cpu, "inclusive_cpu_ns": incl, "sample_count": n}
     out = list(spans.values())
-    await _add_top_functions(db, database, out, method)
+    await _add_top_functions(db, database, out, methods)
+    # a trace's CPU: self CPU adds up across spans without counting anything twice
     total_cpu = sum(s["cpu_ns"] for s in out)
     return {"trace_id": trace_id, "span_count": len(out), "cpu_ns": total_cpu, "spans": out}
 
 
 async def _add_top_functions(db: Queryable, database: str, spans: list[dict[str, Any]],
-                             method: str) -> None:
+                             methods: tuple[str, ...]) -> None:
     for s in spans:
         s["top_functions"] = []
     if not spans:
@@ -93,10 +143,10 @@ async def _add_top_functions(db: Queryable, database: str, spans: list[dict[str,
         f"sum(self_wall_ns) AS self_wall_ns FROM {database}.span_functions FINAL "
         "WHERE (trace_id IN {tids:Array(String)} OR trace_id = '') "
         "AND span_id IN {sids:Array(String)} "
-        "AND method = {method:String} "
+        "AND method IN {methods:Array(String)} "
         "GROUP BY trace_id, span_id, function ORDER BY self_ns DESC, function",
         {"tids": sorted({k[0] for k in by_key}), "sids": sorted({k[1] for k in by_key}),
-         "method": method})
+         "methods": list(methods)})
     sums: dict[tuple[str, str], dict[str, list[int]]] = {}
     by_span = {k[1]: k for k in by_key}
     for tid, sid, fn, self_ns, self_wall in rows:

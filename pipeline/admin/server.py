@@ -5,8 +5,10 @@ the running pipeline, which asks ClickHouse on its own connection::
 
     GET /health                                   200 {"status": "ok", "pid": N} / 503 stopping
     GET /metrics                                  Prometheus text
-    GET /api/v1/spans?order=cpu|duration|off_cpu&limit=N&service=S
-    GET /api/v1/traces/{trace_id}
+    GET /api/v1/spans?order=cpu|inclusive|duration|off_cpu&limit=N&service=S&method=M
+    GET /api/v1/traces/{trace_id}?method=M
+
+``method``: ``exact`` (link + link+time, the default), ``all``, or a comma-separated list.
 """
 
 from __future__ import annotations
@@ -93,8 +95,12 @@ class AdminServer:
             return _error(404, "no clickhouse exporter in this pipeline: nothing to query")
         q = request.query
         order = q.get("order", "cpu")
-        if order not in ("cpu", "duration", "off_cpu"):
-            return _error(400, "order: expected cpu, duration or off_cpu")
+        if order not in ("cpu", "inclusive", "duration", "off_cpu"):
+            return _error(400, "order: expected cpu, inclusive, duration or off_cpu")
+        try:
+            queries.methods_of(q.get("method", "exact"))
+        except ValueError as err:
+            return _error(400, str(err))
         try:
             limit = int(q.get("limit", "20"))
         except ValueError:
@@ -103,7 +109,7 @@ class AdminServer:
             return _error(400, f"limit: expected 1..{MAX_LIMIT}")
         spans = await queries.top_spans(self.db, self._database(), order=order, limit=limit,
                                         service=q.get("service") or None,
-                                        method=q.get("method", "link"))
+                                        method=q.get("method", "exact"))
         return _json({"spans": spans})
 
     async def trace(self, request: web.Request) -> web.Response:
@@ -112,8 +118,12 @@ class AdminServer:
         tid = request.match_info["trace_id"].lower()
         if not queries.HEX32.match(tid):
             return _error(400, "trace_id: expected 32 hex characters")
-        result = await queries.trace(self.db, self._database(), tid,
-                                     method=request.query.get("method", "link"))
+        try:
+            method = request.query.get("method", "exact")
+            queries.methods_of(method)
+        except ValueError as err:
+            return _error(400, str(err))
+        result = await queries.trace(self.db, self._database(), tid, method=method)
         if not result["spans"]:
             return _error(404, f"trace {tid} not found")
         return _json(result)

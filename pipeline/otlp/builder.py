@@ -171,6 +171,7 @@ def encode_profiles(batch: Any) -> Any:
         if smp.host:
             res["host.name"] = smp.host
         b.sample(frames, smp.value, smp.trace_id, smp.span_id, files=files, lines=lines,
-                 attributes=attrs, service=smp.service, time_unix_nano=smp.time_ns,
-                 resource=res, **kind)
+                 attributes=attrs, service=smp.service,
+                 timestamps=[smp.time_ns] if smp.timed else None,
+                 time_unix_nano=None if smp.timed else smp.time_ns, resource=res, **kind)
     return b.build()

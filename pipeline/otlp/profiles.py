@@ -256,6 +256,13 @@ def decode_profiles(req: ExportProfilesServiceRequest) -> Decoded:
                    refused.count, refused.message)
 
 
+def _ticks(value_ns: int, kind: Kind) -> int:
+    """How many profiler ticks a time value stands for (at least one)."""
+    if kind.period_ns and kind.measure != "other":
+        return max(1, round(value_ns / kind.period_ns))
+    return 1
+
+
 def _decode_profile(d: _Dictionary, prof: Any, service: str, pid: int = 0,
                     host: str = "") -> list[Sample]:
     st, pt = prof.sample_type, prof.period_type
@@ -278,40 +285,35 @@ def _decode_profile(d: _Dictionary, prof: Any, service: str, pid: int = 0,
         except _Invalid as err:
             raise _Invalid(f"samples[{k}]: {err}") from None
         values, stamps = s.values, s.timestamps_unix_nano
-        if values:
-            if stamps and len(stamps) != len(values):
-                raise _Invalid(f"samples[{k}]: {len(values)} values but {len(stamps)} timestamps")
-            raw = sum(values)
-            if raw < 0:
-                raise _Invalid(f"samples[{k}]: negative value {raw}")
-            if raw == 0:
-                continue  # a zero sample carries nothing
-            value = raw * kind.per_value
-            ticks = raw if kind.value_is_count else len(stamps)
-        elif stamps:
-            # no values: each timestamp is one tick of the profiler, worth one period
-            ticks = len(stamps)
-            value = ticks * (kind.period_ns if kind.measure != "other" else 1)
-        else:
+        if values and stamps and len(stamps) != len(values):
+            raise _Invalid(f"samples[{k}]: {len(values)} values but {len(stamps)} timestamps")
+        if values and min(values) < 0:
+            raise _Invalid(f"samples[{k}]: negative value {min(values)}")
+        if not values and not stamps:
             continue  # an empty sample carries nothing
-        if not ticks:
-            ticks = max(1, round(value / kind.period_ns)) if kind.period_ns and \
-                kind.measure != "other" else 1
-        out.append(Sample(
-            trace_id=trace_id,
-            span_id=span_id,
-            service=service,
-            time_ns=int(stamps[0]) if stamps else t0,
-            stack_id=stack_id,
-            measure=kind.measure,
-            value=value,
-            count=ticks,
-            sample_type=type_s,
-            unit=unit_s,
-            thread_id=where.thread_id or whole.thread_id,
-            thread_name=where.thread_name or whole.thread_name,
-            span_name=where.span_name,
-            pid=pid,
-            host=host,
-        ))
+        thread_id = where.thread_id or whole.thread_id
+        thread_name = where.thread_name or whole.thread_name
+        if stamps:
+            # one record per instant: that is what lets the correlator place each one in
+            # the span (and thread) that was running then; no values: one period each
+            for n, ts in enumerate(stamps):
+                raw = values[n] if values else 1
+                if raw == 0:
+                    continue
+                if values and not kind.value_is_count:
+                    value, ticks = raw * kind.per_value, 1  # one instant, one tick
+                else:
+                    value = raw * (kind.period_ns if kind.measure != "other" else 1)
+                    ticks = raw
+                out.append(Sample(trace_id, span_id, service, int(ts), stack_id, kind.measure,
+                                  value, ticks, type_s, unit_s, thread_id, thread_name,
+                                  where.span_name, pid, host, True))
+            continue
+        raw = sum(values)
+        if raw == 0:
+            continue  # a zero sample carries nothing
+        value = raw * kind.per_value
+        ticks = raw if kind.value_is_count else _ticks(value, kind)
+        out.append(Sample(trace_id, span_id, service, t0, stack_id, kind.measure, value, ticks,
+                          type_s, unit_s, thread_id, thread_name, where.span_name, pid, host))
     return out

@@ -10,24 +10,45 @@ upload every 10-60 s). The state keeps, per (trace_id, span_id):
                  comes (a span that comes later simply adds its own row);
 * ``emitted``  - spans already reported (for ``late_window``): late samples for them are
                  reported at the next flush instead of waiting as orphans;
-* ``late``     - those late samples, not yet reported.
+* ``late``     - those late samples, not yet reported;
+* ``trees``    - per trace, the spans known (held or reported): parent links, thread and
+                 process, to place a sample in the span that was running when it was taken;
+* ``held``     - samples that carry their own instant (``timed``), held for ``grace`` so that
+                 the spans running at that instant are known when they are placed;
+* ``skews``    - per process, how far the profiler's clock is off the tracer's (``_Skew``),
+                 taken off sample times before they are placed.
+
+How a sample finds its span, and the ``method`` its row says:
+
+* ``link``      - the sample's link / span label names the span (exact);
+* ``link+time`` - a timed sample labelled with a local root span goes to the deepest span of
+                  that trace and service open at its instant, on its thread when both say
+                  (``thread.id``); where child spans overlap and the thread does not tell
+                  them apart, it stays on the deepest span that is unambiguous;
+* ``thread``    - an unlabelled timed sample, matched by process (service, host, pid) and
+                  thread to the innermost span running on that thread at that instant;
+* ``window``    - an unlabelled timed sample where threads are unknown: shared equally by the
+                  innermost spans of the process open at that instant (approximate).
 
 Every report is a *delta* row and a span's totals are the sum of its rows, so a late sample
 adds to the span rather than replacing or vanishing, and CPU is conserved: what comes in is
-reported on a span or as unattributed, exactly once. Memory is bounded by ``max_entries``:
-beyond it the oldest entries are reported early, counted in ``evicted``.
+reported on a span or as unattributed, exactly once. Rows carry self CPU (``cpu_ns``) and
+inclusive CPU (self plus the descendants in the same service, ``inclusive_cpu_ns``): a sample
+placed in a span adds to the inclusive CPU of its known ancestors too. Memory is bounded by
+``max_entries``: beyond it the oldest entries are reported early, counted in ``evicted``.
 """
 
 from __future__ import annotations
 
 import os
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
 from pipeline.records import (
     Attribution,
     AttributionBatch,
     ProfileBatch,
+    Sample,
     Span,
     SpanBatch,
     Unattributed,
@@ -35,25 +56,53 @@ from pipeline.records import (
 
 Key = tuple[bytes, bytes]
 MINUTE_NS = 60_000_000_000
+SLOT_NS = 1_000_000_000  # the time index for unlabelled samples: one-second slots
+MAX_SLOTS = 3600  # a span longer than an hour is matched in its first hour only
 UNKNOWN_FRAME = "[unknown]"
+LINK, LINK_TIME, THREAD, WINDOW = "link", "link+time", "thread", "window"
+EXACT_METHODS = (LINK, LINK_TIME)
 
 
-class _Acc:
-    """CPU and wall time joined to one span since it was last reported."""
+class _M:
+    """What one method contributed to one span since it was last reported."""
 
-    __slots__ = ("cpu_ns", "wall_ns", "count", "self_cpu", "self_wall", "since", "service")
+    __slots__ = ("cpu_ns", "wall_ns", "count", "incl_cpu", "self_cpu", "self_wall")
 
-    def __init__(self, since: float, service: str = "") -> None:
+    def __init__(self) -> None:
         self.cpu_ns = 0
         self.wall_ns = 0
         self.count = 0
+        self.incl_cpu = 0
         self.self_cpu: dict[str, int] = {}
         self.self_wall: dict[str, int] = {}
+
+
+class _Acc:
+    """CPU and wall time joined to one span since it was last reported, per method."""
+
+    __slots__ = ("by", "since", "service")
+
+    def __init__(self, since: float, service: str = "") -> None:
+        self.by: dict[str, _M] = {}
         self.since = since
         self.service = service
 
-    def empty(self) -> bool:
-        return not (self.cpu_ns or self.wall_ns or self.count)
+    def m(self, method: str) -> _M:
+        got = self.by.get(method)
+        if got is None:
+            got = self.by[method] = _M()
+        return got
+
+    def merge(self, other: _Acc) -> None:
+        for method, o in other.by.items():
+            m = self.m(method)
+            m.cpu_ns += o.cpu_ns
+            m.wall_ns += o.wall_ns
+            m.count += o.count
+            m.incl_cpu += o.incl_cpu
+            for d, od in ((m.self_cpu, o.self_cpu), (m.self_wall, o.self_wall)):
+                for k, v in od.items():
+                    d[k] = d.get(k, 0) + v
 
 
 @dataclass(slots=True)
@@ -63,6 +112,13 @@ class _SpanInfo:
     parent_span_id: bytes
     start_ns: int
     duration_ns: int
+    thread_id: int = 0
+    pid: int = 0
+    host: str = ""
+
+    @property
+    def end_ns(self) -> int:
+        return self.start_ns + self.duration_ns
 
 
 @dataclass(slots=True)
@@ -72,6 +128,67 @@ class _Pending:
     ready_at: float
 
 
+class _Tree:
+    """The known spans of one trace, with a children index built when first needed."""
+
+    __slots__ = ("spans", "_children")
+
+    def __init__(self) -> None:
+        self.spans: dict[bytes, _SpanInfo] = {}
+        self._children: dict[bytes, list[bytes]] | None = None
+
+    def add(self, span_id: bytes, info: _SpanInfo) -> None:
+        self.spans[span_id] = info
+        self._children = None
+
+    def remove(self, span_id: bytes) -> None:
+        self.spans.pop(span_id, None)
+        self._children = None
+
+    def children(self, span_id: bytes) -> list[bytes]:
+        if self._children is None:
+            ch: dict[bytes, list[bytes]] = {}
+            for sid, info in self.spans.items():
+                if info.parent_span_id:
+                    ch.setdefault(info.parent_span_id, []).append(sid)
+            self._children = ch
+        return self._children.get(span_id, [])
+
+
+@dataclass(slots=True)
+class _Orphan:
+    acc: _Acc
+    timed: list[tuple[Sample, str]] = field(default_factory=list)  # placed when the span comes
+
+
+class _Skew:
+    """How far a profiler's clock is off the tracer's, per process, learnt from labelled
+    timed samples: a sample of span S was taken within S, so ``t - S.end <= skew <= t -
+    S.start``. The tightest bounds over many samples bracket the skew; their midpoint is
+    subtracted from sample times before they are placed. Bounds restart every ``WINDOW``
+    samples (the previous estimate stays in use until the new one has ``MIN`` samples), so
+    drift is followed."""
+
+    WINDOW = 5000
+    MIN = 20
+    __slots__ = ("lo", "hi", "n", "estimate")
+
+    def __init__(self) -> None:
+        self.lo = -(1 << 62)
+        self.hi = 1 << 62
+        self.n = 0
+        self.estimate = 0
+
+    def observe(self, t: int, start: int, end: int) -> None:
+        if self.n >= self.WINDOW:
+            self.lo, self.hi, self.n = -(1 << 62), 1 << 62, 0
+        self.lo = max(self.lo, t - end)
+        self.hi = min(self.hi, t - start)
+        self.n += 1
+        if self.n >= self.MIN:
+            self.estimate = (self.lo + self.hi) // 2
+
+
 @dataclass
 class Stats:
     spans_in: int = 0
@@ -79,10 +196,23 @@ class Stats:
     samples_in: int = 0
     samples_linked: int = 0
     samples_unlinked: int = 0
+    samples_placed_in_child: int = 0  # link+time: moved from the labelled span to a child
+    samples_by_thread: int = 0
+    samples_by_window: int = 0
     rows_out: int = 0
     orphans_reported: int = 0
     late_reported: int = 0
     evicted: int = 0  # entries reported before their window because of max_entries
+
+
+def _leaf(batch: ProfileBatch, smp: Sample) -> str:
+    stack = batch.stacks.get(smp.stack_id)
+    return stack.functions[0] if stack is not None and stack.functions else UNKNOWN_FRAME
+
+
+def _int_attr(attrs: dict[str, str], key: str) -> int:
+    v = attrs.get(key, "")
+    return int(v) if v.isdigit() else 0
 
 
 @dataclass
@@ -92,12 +222,17 @@ class CorrelatorState:
     late_window: float = 600.0
     max_entries: int = 200_000
     spans: dict[Key, _Pending] = field(default_factory=dict)
-    orphans: dict[Key, _Acc] = field(default_factory=dict)
+    orphans: dict[Key, _Orphan] = field(default_factory=dict)
     emitted: OrderedDict[Key, tuple[float, _SpanInfo]] = field(default_factory=OrderedDict)
     late: dict[Key, _Pending] = field(default_factory=dict)  # info kept with the data
     unattributed: dict[tuple[str, int], _Acc] = field(default_factory=dict)
+    trees: dict[bytes, _Tree] = field(default_factory=dict)
+    slots: dict[tuple[str, int], list[Key]] = field(default_factory=dict)
+    held: deque[tuple[float, Sample, str]] = field(default_factory=deque)
+    skews: dict[tuple[str, int, str], _Skew] = field(default_factory=dict)
     stats: Stats = field(default_factory=Stats)
     _evicted: list[tuple[Key, _SpanInfo | None, _Acc]] = field(default_factory=list)
+    _orphan_timed: int = 0  # timed samples held inside orphans
 
     def __repr__(self) -> str:
         return (f"<CorrelatorState spans={len(self.spans)} orphans={len(self.orphans)} "
@@ -107,7 +242,8 @@ class CorrelatorState:
     @property
     def entries(self) -> int:
         """Entries held for their window (what ``max_entries`` bounds)."""
-        return len(self.spans) + len(self.orphans) + len(self.late)
+        return (len(self.spans) + len(self.orphans) + len(self.late) + len(self.held)
+                + self._orphan_timed)
 
     # ---- input -------------------------------------------------------------------------
 
@@ -118,81 +254,267 @@ class CorrelatorState:
             if key in self.spans or key in self.emitted:
                 self.stats.spans_duplicate += 1  # a retried export: the first copy stands
                 continue
-            info = _SpanInfo(s.service, s.name, s.parent_span_id, s.start_ns, s.duration_ns)
-            acc = self.orphans.pop(key, None) or _Acc(now, s.service)
+            info = _SpanInfo(s.service, s.name, s.parent_span_id, s.start_ns, s.duration_ns,
+                             _int_attr(s.attributes, "thread.id"),
+                             _int_attr(s.resource_attributes, "process.pid"),
+                             s.resource_attributes.get("host.name", ""))
+            orphan = self.orphans.pop(key, None)
+            acc = orphan.acc if orphan is not None else _Acc(now, s.service)
             self.spans[key] = _Pending(info, acc, now + self.grace)
+            self._know(key, info)
+            if orphan is not None and orphan.timed:
+                # placed after grace, once the span's children have come too
+                self.held.extend((now, smp, leaf) for smp, leaf in orphan.timed)
+                self._orphan_timed -= len(orphan.timed)
         self._bound(now)
 
     def add_samples(self, batch: ProfileBatch, now: float) -> None:
-        stacks = batch.stacks
         for smp in batch.samples:
             self.stats.samples_in += 1
             if smp.measure != "cpu" and smp.measure != "wall":
                 continue  # off_cpu/other measures are stored raw, not attributed
-            if not smp.span_id:
-                self.stats.samples_unlinked += 1
-                ukey = (smp.service, smp.time_ns - smp.time_ns % MINUTE_NS)
-                acc = self.unattributed.get(ukey)
-                if acc is None:
-                    acc = self.unattributed[ukey] = _Acc(now, smp.service)
-                _add(acc, smp.measure, smp.value, smp.count, None)
-                continue
-            self.stats.samples_linked += 1
-            key = (smp.trace_id, smp.span_id)
-            pending = self.spans.get(key)
-            if pending is not None:
-                acc = pending.acc
-            elif key in self.emitted:
-                late = self.late.get(key)
-                if late is None:
-                    late = self.late[key] = _Pending(self.emitted[key][1],
-                                                     _Acc(now, smp.service), now)
-                acc = late.acc
+            if smp.span_id:
+                self.stats.samples_linked += 1
             else:
-                acc = self.orphans.get(key) or self.orphans.setdefault(key, _Acc(now, smp.service))
-            stack = stacks.get(smp.stack_id)
-            leaf = stack.functions[0] if stack is not None and stack.functions else UNKNOWN_FRAME
-            _add(acc, smp.measure, smp.value, smp.count, leaf)
+                self.stats.samples_unlinked += 1
+            leaf = _leaf(batch, smp)
+            if smp.timed:
+                self.held.append((now, smp, leaf))  # placed once its spans are known
+            elif smp.span_id:
+                self._add_linked(smp, leaf, now)
+            else:
+                self._unattributed(smp, now)
         self._bound(now)
+
+    # ---- placing samples ---------------------------------------------------------------
+
+    def _know(self, key: Key, info: _SpanInfo) -> None:
+        tree = self.trees.get(key[0])
+        if tree is None:
+            tree = self.trees[key[0]] = _Tree()
+        tree.add(key[1], info)
+        first = info.start_ns // SLOT_NS
+        last = min(max(first, (info.end_ns - 1) // SLOT_NS), first + MAX_SLOTS - 1)
+        for slot in range(first, last + 1):
+            self.slots.setdefault((info.service, slot), []).append(key)
+
+    def _forget(self, key: Key, info: _SpanInfo) -> None:
+        tree = self.trees.get(key[0])
+        if tree is not None:
+            tree.remove(key[1])
+            if not tree.spans:
+                del self.trees[key[0]]
+        first = info.start_ns // SLOT_NS
+        last = min(max(first, (info.end_ns - 1) // SLOT_NS), first + MAX_SLOTS - 1)
+        for slot in range(first, last + 1):
+            keys = self.slots.get((info.service, slot))
+            if keys is not None:
+                try:
+                    keys.remove(key)
+                except ValueError:
+                    pass
+                if not keys:
+                    del self.slots[(info.service, slot)]
+
+    def _acc_of(self, key: Key, now: float) -> _Acc | None:
+        """The accumulator of a known span: held, or (reported) its late entry."""
+        pending = self.spans.get(key)
+        if pending is not None:
+            return pending.acc
+        em = self.emitted.get(key)
+        if em is None:
+            return None
+        late = self.late.get(key)
+        if late is None:
+            late = self.late[key] = _Pending(em[1], _Acc(now, em[1].service), now)
+        return late.acc
+
+    def _info(self, key: Key) -> _SpanInfo | None:
+        tree = self.trees.get(key[0])
+        return tree.spans.get(key[1]) if tree is not None else None
+
+    def _credit(self, key: Key, method: str, smp: Sample, value: int, count: int,
+                leaf: str, now: float) -> None:
+        """Add a sample's value to a known span (self) and its known ancestors in the same
+        service (inclusive)."""
+        acc = self._acc_of(key, now)
+        assert acc is not None
+        _add(acc.m(method), smp.measure, value, count, leaf)
+        if smp.measure != "cpu":
+            return
+        tree = self.trees.get(key[0])
+        info = tree.spans.get(key[1]) if tree is not None else None
+        seen = {key[1]}
+        while tree is not None and info is not None and info.parent_span_id:
+            parent_id = info.parent_span_id
+            parent = tree.spans.get(parent_id)
+            if parent is None or parent.service != info.service or parent_id in seen:
+                break
+            seen.add(parent_id)
+            pacc = self._acc_of((key[0], parent_id), now)
+            if pacc is None:
+                break
+            pacc.m(method).incl_cpu += value
+            info = parent
+
+    def _add_linked(self, smp: Sample, leaf: str, now: float) -> None:
+        key = (smp.trace_id, smp.span_id)
+        if self._acc_of(key, now) is not None:
+            self._credit(key, LINK, smp, smp.value, smp.count, leaf, now)
+            return
+        orphan = self.orphans.get(key)
+        if orphan is None:
+            orphan = self.orphans[key] = _Orphan(_Acc(now, smp.service))
+        _add(orphan.acc.m(LINK), smp.measure, smp.value, smp.count, leaf)
+
+    def _skew_of(self, smp: Sample) -> int:
+        sk = self.skews.get((smp.service, smp.pid, smp.host))
+        return sk.estimate if sk is not None else 0
+
+    def _place_linked(self, smp: Sample, leaf: str, now: float) -> None:
+        """A timed, labelled sample: into the deepest span open at its instant."""
+        key = (smp.trace_id, smp.span_id)
+        tree = self.trees.get(smp.trace_id)
+        label = tree.spans.get(smp.span_id) if tree is not None else None
+        if tree is None or label is None:
+            orphan = self.orphans.get(key)
+            if orphan is None:
+                orphan = self.orphans[key] = _Orphan(_Acc(now, smp.service))
+            orphan.timed.append((smp, leaf))
+            self._orphan_timed += 1
+            return
+        t = smp.time_ns - self._skew_of(smp)
+        target = _deepest(tree, smp.span_id, label, t, smp.thread_id)
+        if target == smp.span_id:
+            self._credit(key, LINK, smp, smp.value, smp.count, leaf, now)
+        else:
+            self.stats.samples_placed_in_child += 1
+            self._credit((smp.trace_id, target), LINK_TIME, smp, smp.value, smp.count, leaf,
+                         now)
+
+    def _place_unlinked(self, smp: Sample, leaf: str, now: float) -> None:
+        """A timed sample without a label: by process and thread, else by time window."""
+        t = smp.time_ns - self._skew_of(smp)
+        open_: list[tuple[Key, _SpanInfo]] = []
+        for key in self.slots.get((smp.service, t // SLOT_NS), ()):
+            info = self._info(key)
+            if info is None or not info.start_ns <= t < info.end_ns:
+                continue
+            if smp.pid and info.pid and smp.pid != info.pid:
+                continue
+            if smp.host and info.host and smp.host != info.host:
+                continue
+            open_.append((key, info))
+        if not open_:
+            self._unattributed(smp, now)
+            return
+        if any(info.thread_id for _, info in open_):
+            if not smp.thread_id:
+                on_thread: list[tuple[Key, _SpanInfo]] = []
+            else:
+                on_thread = [(k, i) for k, i in open_ if i.thread_id == smp.thread_id]
+            if smp.thread_id and on_thread:
+                # the innermost span running on that thread: the latest to have started
+                key = max(on_thread, key=lambda ki: (ki[1].start_ns, -ki[1].duration_ns))[0]
+                self.stats.samples_by_thread += 1
+                self._credit(key, THREAD, smp, smp.value, smp.count, leaf, now)
+                return
+            if smp.thread_id:
+                self._unattributed(smp, now)  # its thread ran none of the known spans
+                return
+        # only time is known: the innermost open spans share it (approximate)
+        parents = {(k[0], i.parent_span_id) for k, i in open_}
+        leaves = sorted(k for k, _ in open_ if k not in parents)
+        n = len(leaves)
+        self.stats.samples_by_window += 1
+        for i, key in enumerate(leaves):
+            share = smp.value // n + (1 if i < smp.value % n else 0)
+            ticks = smp.count // n + (1 if i < smp.count % n else 0)
+            if share or ticks:
+                self._credit(key, WINDOW, smp, share, ticks, leaf, now)
+
+    def _unattributed(self, smp: Sample, now: float) -> None:
+        ukey = (smp.service, smp.time_ns - smp.time_ns % MINUTE_NS)
+        acc = self.unattributed.get(ukey)
+        if acc is None:
+            acc = self.unattributed[ukey] = _Acc(now, smp.service)
+        _add(acc.m(LINK), smp.measure, smp.value, smp.count, None)
+
+    def _place_held(self, now: float, force: bool) -> None:
+        held = self.held
+        due: list[tuple[Sample, str]] = []
+        while held and (force or held[0][0] + self.grace <= now
+                        or len(self.spans) + len(self.orphans) + len(self.late) + len(held)
+                        + self._orphan_timed > self.max_entries):
+            _, smp, leaf = held.popleft()
+            due.append((smp, leaf))
+        # first learn the clock skew from the labelled ones, then place them all
+        for smp, _ in due:
+            if smp.span_id:
+                info = self._info((smp.trace_id, smp.span_id))
+                if info is not None and info.duration_ns:
+                    pkey = (smp.service, smp.pid, smp.host)
+                    sk = self.skews.get(pkey)
+                    if sk is None:
+                        sk = self.skews[pkey] = _Skew()
+                    sk.observe(smp.time_ns, info.start_ns, info.end_ns)
+        for smp, leaf in due:
+            if smp.span_id:
+                self._place_linked(smp, leaf, now)
+            else:
+                self._place_unlinked(smp, leaf, now)
 
     # ---- output ------------------------------------------------------------------------
 
     def take_due(self, now: float, force: bool = False) -> AttributionBatch:
         """Remove and return every report that is due (all of them when ``force``)."""
+        self._place_held(now, force)
         rows: list[Attribution] = []
         for key, info, acc in self._evicted:
-            rows.append(_row(key, info, acc))
+            rows.extend(_rows(key, info, acc))
         self._evicted.clear()
 
         for key in [k for k, p in self.spans.items() if force or p.ready_at <= now]:
             p = self.spans.pop(key)
-            rows.append(_row(key, p.info, p.acc))
+            rows.extend(_rows(key, p.info, p.acc))
             self.emitted[key] = (now + self.late_window, p.info)
         for key, late in self.late.items():
-            rows.append(_row(key, late.info, late.acc))
+            rows.extend(_rows(key, late.info, late.acc))
             self.stats.late_reported += 1
         self.late.clear()
-        for key in [k for k, a in self.orphans.items()
-                    if force or a.since + self.orphan_timeout <= now]:
-            rows.append(_row(key, None, self.orphans.pop(key)))
+        for key in [k for k, o in self.orphans.items()
+                    if force or o.acc.since + self.orphan_timeout <= now]:
+            orphan = self.orphans.pop(key)
+            for smp, leaf in orphan.timed:  # its span never came: on the label, as is
+                _add(orphan.acc.m(LINK), smp.measure, smp.value, smp.count, leaf)
+            self._orphan_timed -= len(orphan.timed)
+            rows.extend(_rows(key, None, orphan.acc))
             self.stats.orphans_reported += 1
 
-        unattributed = [Unattributed(svc, minute, a.cpu_ns, a.wall_ns, a.count,
-                                     random_source())
-                        for (svc, minute), a in self.unattributed.items()]
+        unattributed = []
+        for (svc, minute), a in self.unattributed.items():
+            m = a.m(LINK)
+            unattributed.append(Unattributed(svc, minute, m.cpu_ns, m.wall_ns, m.count,
+                                             random_source()))
         self.unattributed.clear()
         while self.emitted:
-            key, (expires, _) = next(iter(self.emitted.items()))
-            if expires > now:
+            key, (expires, info) = next(iter(self.emitted.items()))
+            if expires > now and not force:
                 break
             del self.emitted[key]
+            if key not in self.spans:
+                self._forget(key, info)
         self.stats.rows_out += len(rows)
         return AttributionBatch(rows, unattributed)
 
     def _bound(self, now: float) -> None:
         """Keep held entries within ``max_entries`` by reporting the oldest ones early."""
+        if self.held and self.entries > self.max_entries:
+            self._place_held(now, force=False)  # places the oldest held samples first
         while len(self.emitted) and self.entries + len(self.emitted) > self.max_entries:
-            self.emitted.popitem(last=False)  # losing a marker loses no data
+            key, (_, info) = self.emitted.popitem(last=False)  # losing a marker loses no data
+            if key not in self.spans:
+                self._forget(key, info)
         while self.entries > self.max_entries:
             # the oldest held entry of the three kinds is reported first
             heads: list[tuple[float, str, Key]] = []
@@ -202,10 +524,16 @@ class CorrelatorState:
                     heads.append((first[1].acc.since, kind, first[0]))
             first_orphan = next(iter(self.orphans.items()), None)
             if first_orphan is not None:
-                heads.append((first_orphan[1].since, "orphan", first_orphan[0]))
+                heads.append((first_orphan[1].acc.since, "orphan", first_orphan[0]))
+            if not heads:
+                break
             _, kind, key = min(heads)
             if kind == "orphan":
-                self._evicted.append((key, None, self.orphans.pop(key)))
+                orphan = self.orphans.pop(key)
+                for smp, leaf in orphan.timed:
+                    _add(orphan.acc.m(LINK), smp.measure, smp.value, smp.count, leaf)
+                self._orphan_timed -= len(orphan.timed)
+                self._evicted.append((key, None, orphan.acc))
             else:
                 p = (self.spans if kind == "span" else self.late).pop(key)
                 self._evicted.append((key, p.info, p.acc))
@@ -214,16 +542,39 @@ class CorrelatorState:
             self.stats.evicted += 1
 
 
-def _add(acc: _Acc, measure: str, value: int, count: int, leaf: str | None) -> None:
+def _deepest(tree: _Tree, span_id: bytes, info: _SpanInfo, t: int, thread: int) -> bytes:
+    """From the labelled span down: the deepest span of its service open at ``t``,
+    descending only while the choice is unambiguous (on ``thread`` when spans say theirs)."""
+    seen = {span_id}
+    while True:
+        open_ = []
+        for cid in tree.children(span_id):
+            c = tree.spans[cid]
+            if c.service == info.service and c.start_ns <= t < c.end_ns and cid not in seen:
+                open_.append((cid, c))
+        if thread and len(open_) > 1:
+            same = [(cid, c) for cid, c in open_ if c.thread_id == thread]
+            unknown = [(cid, c) for cid, c in open_ if not c.thread_id]
+            open_ = same if same else unknown
+        elif thread:
+            open_ = [(cid, c) for cid, c in open_ if not c.thread_id or c.thread_id == thread]
+        if len(open_) != 1:
+            return span_id
+        span_id, info = open_[0]
+        seen.add(span_id)
+
+
+def _add(m: _M, measure: str, value: int, count: int, leaf: str | None) -> None:
     if measure == "cpu":
-        acc.cpu_ns += value
-        acc.count += count
+        m.cpu_ns += value
+        m.incl_cpu += value
+        m.count += count
         if leaf is not None:
-            acc.self_cpu[leaf] = acc.self_cpu.get(leaf, 0) + value
+            m.self_cpu[leaf] = m.self_cpu.get(leaf, 0) + value
     else:
-        acc.wall_ns += value
+        m.wall_ns += value
         if leaf is not None:
-            acc.self_wall[leaf] = acc.self_wall.get(leaf, 0) + value
+            m.self_wall[leaf] = m.self_wall.get(leaf, 0) + value
 
 
 def random_source() -> int:
@@ -231,14 +582,26 @@ def random_source() -> int:
     return int.from_bytes(os.urandom(8), "little") >> 1
 
 
-def _row(key: Key, info: _SpanInfo | None, acc: _Acc) -> Attribution:
-    if info is None:
-        return Attribution(key[0], key[1], "link", acc.service, "", b"", 0, 0, False,
-                           acc.cpu_ns, acc.wall_ns, acc.count, acc.self_cpu, acc.self_wall,
-                           random_source())
-    return Attribution(key[0], key[1], "link", info.service, info.name, info.parent_span_id,
-                       info.start_ns, info.duration_ns, True, acc.cpu_ns, acc.wall_ns,
-                       acc.count, acc.self_cpu, acc.self_wall, random_source())
+def _rows(key: Key, info: _SpanInfo | None, acc: _Acc) -> list[Attribution]:
+    out = []
+    for method, m in acc.by.items():
+        if not (m.cpu_ns or m.wall_ns or m.count or m.incl_cpu) and method != LINK:
+            continue
+        if info is None:
+            out.append(Attribution(key[0], key[1], method, acc.service, "", b"", 0, 0, False,
+                                   m.cpu_ns, m.wall_ns, m.count, m.self_cpu, m.self_wall,
+                                   random_source(), m.incl_cpu))
+        else:
+            out.append(Attribution(key[0], key[1], method, info.service, info.name,
+                                   info.parent_span_id, info.start_ns, info.duration_ns, True,
+                                   m.cpu_ns, m.wall_ns, m.count, m.self_cpu, m.self_wall,
+                                   random_source(), m.incl_cpu))
+    if info is not None and LINK not in acc.by:
+        # a span always has its link row, even without CPU: it carries name and duration
+        out.append(Attribution(key[0], key[1], LINK, info.service, info.name,
+                               info.parent_span_id, info.start_ns, info.duration_ns, True,
+                               0, 0, 0, {}, {}, random_source(), 0))
+    return out
 
 
 def source_id(origin: str) -> int:
@@ -263,23 +626,26 @@ def attribute_message(batch: SpanBatch | ProfileBatch, source: int) -> Attributi
                             s.start_ns, s.duration_ns, True, 0, 0, 0, {}, {}, source)
                 for s in batch.spans]
         return AttributionBatch(rows)
-    accs: dict[Key, _Acc] = {}
-    unlinked: dict[tuple[str, int], _Acc] = {}
+    accs: dict[Key, _M] = {}
+    unlinked: dict[tuple[str, int], _M] = {}
+    services: dict[Key, str] = {}
     for smp in batch.samples:
         if smp.measure != "cpu" and smp.measure != "wall":
             continue
         if not smp.span_id:
             ukey = (smp.service, smp.time_ns - smp.time_ns % MINUTE_NS)
-            acc = unlinked.get(ukey) or unlinked.setdefault(ukey, _Acc(0.0, smp.service))
-            _add(acc, smp.measure, smp.value, smp.count, None)
+            um = unlinked.get(ukey) or unlinked.setdefault(ukey, _M())
+            _add(um, smp.measure, smp.value, smp.count, None)
             continue
         key = (smp.trace_id, smp.span_id)
-        acc = accs.get(key) or accs.setdefault(key, _Acc(0.0, smp.service))
-        stack = batch.stacks.get(smp.stack_id)
-        leaf = stack.functions[0] if stack is not None and stack.functions else UNKNOWN_FRAME
-        _add(acc, smp.measure, smp.value, smp.count, leaf)
+        m = accs.get(key)
+        if m is None:
+            m = accs[key] = _M()
+            services[key] = smp.service
+        _add(m, smp.measure, smp.value, smp.count, _leaf(batch, smp))
     return AttributionBatch(
-        [Attribution(k[0], k[1], "link", a.service, "", b"", 0, 0, False, a.cpu_ns, a.wall_ns,
-                     a.count, a.self_cpu, a.self_wall, source) for k, a in accs.items()],
-        [Unattributed(svc, minute, a.cpu_ns, a.wall_ns, a.count, source)
-         for (svc, minute), a in unlinked.items()])
+        [Attribution(k[0], k[1], LINK, services[k], "", b"", 0, 0, False, m.cpu_ns, m.wall_ns,
+                     m.count, m.self_cpu, m.self_wall, source, m.incl_cpu)
+         for k, m in accs.items()],
+        [Unattributed(svc, minute, m.cpu_ns, m.wall_ns, m.count, source)
+         for (svc, minute), m in unlinked.items()])

@@ -22,7 +22,7 @@ SAMPLES_COLUMNS = ["time", "service", "trace_id", "span_id", "stack_id", "measur
 STACKS_COLUMNS = ["stack_id", "functions", "files", "lines"]
 ATTRIBUTION_COLUMNS = ["trace_id", "span_id", "method", "source", "service", "name",
                        "parent_span_id", "start_time", "duration_ns", "span_known", "cpu_ns",
-                       "wall_ns", "sample_count"]
+                       "wall_ns", "sample_count", "inclusive_cpu_ns"]
 FUNCTIONS_COLUMNS = ["trace_id", "span_id", "method", "function", "source", "self_cpu_ns",
                      "self_wall_ns"]
 UNATTRIBUTED_COLUMNS = ["service", "minute", "source", "cpu_ns", "wall_ns", "sample_count"]
@@ -123,6 +123,7 @@ def attributions(batch: AttributionBatch) -> dict[str, Columns]:
             "cpu_ns": [a.cpu_ns for a in rows],
             "wall_ns": [a.wall_ns for a in rows],
             "sample_count": [a.sample_count for a in rows],
+            "inclusive_cpu_ns": [a.inclusive_cpu_ns for a in rows],
         }
         fn: Columns = {c: [] for c in FUNCTIONS_COLUMNS}
         for a in rows:

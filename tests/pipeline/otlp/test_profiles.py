@@ -106,17 +106,29 @@ class TestValues:
         b = ProfileBuilder()
         b.sample(["leaf"], None, TRACE, SPAN, timestamps=[1_000, 2_000, 3_000, 4_000],
                  period=PERIOD)
-        s = only_sample(decode_profiles(b.build()))
-        assert (s.measure, s.value, s.count) == ("cpu", 4 * PERIOD, 4)
-        assert s.time_ns == 1_000
+        got = [(s.measure, s.value, s.count, s.time_ns, s.timed)
+               for s in decode_profiles(b.build()).batch.samples]
+        assert got == [("cpu", PERIOD, 1, t, True) for t in (1_000, 2_000, 3_000, 4_000)]
 
     def test_timestamps_without_values_in_samples_count_profile(self) -> None:
         """The timestamps-only rule holds for a samples/count profile too."""
         b = ProfileBuilder()
         b.sample(["leaf"], None, TRACE, SPAN, timestamps=[5, 6], sample_type="samples",
                  unit="count", period=PERIOD)
-        s = only_sample(decode_profiles(b.build()))
-        assert (s.measure, s.value, s.count) == ("cpu", 2 * PERIOD, 2)
+        got = [(s.value, s.count, s.time_ns) for s in decode_profiles(b.build()).batch.samples]
+        assert got == [(PERIOD, 1, 5), (PERIOD, 1, 6)]
+
+    def test_values_with_timestamps_one_sample_per_instant(self) -> None:
+        """values[i] belongs to timestamps_unix_nano[i] (eBPF agents: counts of a 50 ms
+        period); each instant becomes its own timed sample, zero ones dropped."""
+        b = ProfileBuilder()
+        b.sample(["leaf"], None, TRACE, SPAN, timestamps=[7, 8, 9], sample_type="samples",
+                 unit="count", period_type="cpu", period=50_000_000)
+        req = b.build()
+        req.resource_profiles[0].scope_profiles[0].profiles[0].samples[0].values.extend([1, 0, 2])
+        got = [(s.value, s.count, s.time_ns, s.timed)
+               for s in decode_profiles(req).batch.samples]
+        assert got == [(50_000_000, 1, 7, True), (100_000_000, 2, 9, True)]
 
     def test_wall_sample_type(self) -> None:
         """A wall/nanoseconds profile is measure ``wall``, never CPU."""
