@@ -44,6 +44,8 @@ import os
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
+import msgspec
+
 from pipeline.records import (
     Attribution,
     AttributionBatch,
@@ -230,6 +232,9 @@ class CorrelatorState:
     slots: dict[tuple[str, int], list[Key]] = field(default_factory=dict)
     held: deque[tuple[float, Sample, str]] = field(default_factory=deque)
     skews: dict[tuple[str, int, str], _Skew] = field(default_factory=dict)
+    # span id -> trace id of known spans: samples labelled with a span id alone (some
+    # Pyroscope SDKs) join their span here rather than waiting as orphans
+    trace_of: dict[bytes, bytes] = field(default_factory=dict)
     stats: Stats = field(default_factory=Stats)
     _evicted: list[tuple[Key, _SpanInfo | None, _Acc]] = field(default_factory=list)
     _orphan_timed: int = 0  # timed samples held inside orphans
@@ -259,6 +264,15 @@ class CorrelatorState:
                              _int_attr(s.resource_attributes, "process.pid"),
                              s.resource_attributes.get("host.name", ""))
             orphan = self.orphans.pop(key, None)
+            span_only = self.orphans.pop((b"", s.span_id), None)
+            if span_only is not None:  # its samples came first, labelled by span id alone
+                if orphan is None:
+                    orphan = span_only
+                else:
+                    orphan.acc.merge(span_only.acc)
+                    orphan.timed.extend(span_only.timed)
+                orphan.timed = [(msgspec.structs.replace(x, trace_id=s.trace_id), leaf)
+                                for x, leaf in orphan.timed]
             acc = orphan.acc if orphan is not None else _Acc(now, s.service)
             self.spans[key] = _Pending(info, acc, now + self.grace)
             self._know(key, info)
@@ -288,7 +302,16 @@ class CorrelatorState:
 
     # ---- placing samples ---------------------------------------------------------------
 
+    def _resolve(self, smp: Sample) -> Sample:
+        """A span-only sample of a known span, given its trace."""
+        if not smp.trace_id and smp.span_id:
+            tid = self.trace_of.get(smp.span_id)
+            if tid is not None:
+                return msgspec.structs.replace(smp, trace_id=tid)
+        return smp
+
     def _know(self, key: Key, info: _SpanInfo) -> None:
+        self.trace_of[key[1]] = key[0]
         tree = self.trees.get(key[0])
         if tree is None:
             tree = self.trees[key[0]] = _Tree()
@@ -299,6 +322,8 @@ class CorrelatorState:
             self.slots.setdefault((info.service, slot), []).append(key)
 
     def _forget(self, key: Key, info: _SpanInfo) -> None:
+        if self.trace_of.get(key[1]) == key[0]:
+            del self.trace_of[key[1]]
         tree = self.trees.get(key[0])
         if tree is not None:
             tree.remove(key[1])
@@ -358,6 +383,7 @@ class CorrelatorState:
             info = parent
 
     def _add_linked(self, smp: Sample, leaf: str, now: float) -> None:
+        smp = self._resolve(smp)
         key = (smp.trace_id, smp.span_id)
         if self._acc_of(key, now) is not None:
             self._credit(key, LINK, smp, smp.value, smp.count, leaf, now)
@@ -373,6 +399,7 @@ class CorrelatorState:
 
     def _place_linked(self, smp: Sample, leaf: str, now: float) -> None:
         """A timed, labelled sample: into the deepest span open at its instant."""
+        smp = self._resolve(smp)
         key = (smp.trace_id, smp.span_id)
         tree = self.trees.get(smp.trace_id)
         label = tree.spans.get(smp.span_id) if tree is not None else None
@@ -451,7 +478,8 @@ class CorrelatorState:
         # first learn the clock skew from the labelled ones, then place them all
         for smp, _ in due:
             if smp.span_id:
-                info = self._info((smp.trace_id, smp.span_id))
+                info = self._info((smp.trace_id or self.trace_of.get(smp.span_id, b""),
+                                   smp.span_id))
                 if info is not None and info.duration_ns:
                     pkey = (smp.service, smp.pid, smp.host)
                     sk = self.skews.get(pkey)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+import msgspec
 import pytest
 
 from bench.accuracy import SCENARIOS, Scenario, run
@@ -176,3 +177,17 @@ class TestAccuracyScenarios:
         assert set(r.by_method) == {"window"}
 
 
+
+
+class TestSpanOnlyLabels:
+    @pytest.mark.parametrize("spans_first", [True, False])
+    def test_span_only_samples_join_their_span_in_memory(self, spans_first: bool) -> None:
+        """A sample labelled with a span id alone joins the known span of that id (no
+        orphan wait): before or after the span came, timed or not."""
+        samples = [smp(25, None, timed=False), smp(25, None)]
+        samples = [msgspec.structs.replace(x, span_id=ROOT) for x in samples]
+        out = run_state(tree(), samples, spans_first)
+        got = {(r.trace_id, r.span_id, r.method, r.span_known): r.cpu_ns
+               for r in out.attributions if r.cpu_ns}
+        assert got == {(TRACE, ROOT, "link", True): 10 * MS,
+                       (TRACE, GRANDCHILD, "link+time", True): 10 * MS}
