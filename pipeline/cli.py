@@ -1,4 +1,4 @@
-"""``spanprof``: run | validate | top | explain | schema.
+"""``spanprof``: run | validate | top | explain | hot | diff | flamegraph | schema.
 
 Exit codes: 0 success, 1 runtime failure (e.g. the API is unreachable), 2 bad configuration
 or bad usage.
@@ -152,6 +152,68 @@ def cmd_explain(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_hot(args: argparse.Namespace) -> int:
+    data = _get(args, "/api/v1/functions", {"service": args.service,
+                                            "operation": args.operation, "since": args.since,
+                                            "limit": args.limit, "method": args.method})
+    if args.format == "json":
+        print(json.dumps(data, indent=2))
+        return 0
+    what = f"{data['service']}" + (f" / {data['operation']}" if data["operation"] else "")
+    print(f"{what}: CPU {_ms(data['cpu_ns'])} in {data['calls']} calls, last {args.since}")
+    print(f"{'SELF CPU':>12}  {'SHARE':>6}  {'PER CALL':>10}  FUNCTION")
+    for f in data["functions"]:
+        per = _ms(int(f["per_call_ns"])) if f["per_call_ns"] is not None else "-"
+        print(f"{_ms(f['self_cpu_ns']):>12}  {f['share']:6.1%}  {per:>10}  {f['name']}")
+    return 0
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    data = _get(args, "/api/v1/diff", {"service": args.service, "operation": args.operation,
+                                       "before": args.before, "after": args.after,
+                                       "limit": args.limit, "method": args.method})
+    if args.format == "json":
+        print(json.dumps(data, indent=2))
+        return 0
+    b, a = data["before"], data["after"]
+    print(f"self CPU {data['unit'].replace('_', ' ')}: before {b['calls']} calls, "
+          f"after {a['calls']} calls")
+    print(f"{'BEFORE':>10}  {'AFTER':>10}  {'CHANGE':>10}  {'RATIO':>7}  FUNCTION")
+    for f in data["functions"]:
+        ratio = f"{f['ratio']:.2f}x" if f["ratio"] is not None else "new"
+        print(f"{_ms(int(f['before_ns'])):>10}  {_ms(int(f['after_ns'])):>10}  "
+              f"{'+' if f['delta_ns'] >= 0 else ''}{_ms(int(f['delta_ns'])):>9}  {ratio:>7}  "
+              f"{f['name']}")
+    return 0
+
+
+def cmd_flamegraph(args: argparse.Namespace) -> int:
+    from pipeline import flamegraph
+
+    if args.trace or args.span:
+        if not (args.trace and args.span):
+            raise SystemExit("error: --trace and --span go together")
+        data = _get(args, "/api/v1/stacks", {"trace_id": args.trace, "span_id": args.span,
+                                             "method": args.method})
+        title = f"span {args.span} of trace {args.trace} (with its children)"
+    elif args.service:
+        data = _get(args, "/api/v1/stacks", {"service": args.service,
+                                             "operation": args.operation,
+                                             "since": args.since, "method": args.method})
+        title = f"{args.service}" + (f" / {args.operation}" if args.operation else "") + \
+            f", last {args.since}"
+    else:
+        raise SystemExit("error: give --trace and --span, or --service [--operation]")
+    if not data["stacks"]:
+        raise SystemExit("error: no CPU samples for that selection")
+    root = flamegraph.build((s["frames"], s["cpu_ns"]) for s in data["stacks"])
+    svg = flamegraph.render_svg(root, f"CPU: {title}")
+    with open(args.output, "w", encoding="utf-8") as f:
+        f.write(svg)
+    print(f"wrote {args.output}: {_ms(root.value)} of CPU in {len(data['stacks'])} stacks")
+    return 0
+
+
 def cmd_schema(args: argparse.Namespace) -> int:
     if args.what == "config":
         import msgspec
@@ -192,6 +254,31 @@ def parser() -> argparse.ArgumentParser:
             c.add_argument("trace_id")
             c.add_argument("--format", choices=["tree", "json"], default="tree")
             c.set_defaults(func=cmd_explain)
+    method_help = ("rows to add up: exact (link, link+time; the default), all, or a "
+                   "comma-separated list of link, link+time, thread, window")
+    h = sub.add_parser("hot", help="functions by self CPU in a service or operation")
+    d = sub.add_parser("diff", help="which functions got more expensive between two ranges")
+    f = sub.add_parser("flamegraph", help="an SVG flame graph of a span or an operation")
+    for c in (h, d, f):
+        c.add_argument("--admin", default=DEFAULT_ADMIN, help="admin API of `spanprof run`")
+        c.add_argument("--method", default="exact", help=method_help)
+    for c in (h, d):
+        c.add_argument("--service", required=True)
+        c.add_argument("--operation")
+        c.add_argument("--limit", type=int, default=20)
+        c.add_argument("--format", choices=["table", "json"], default="table")
+    h.add_argument("--since", default="1h", help="how far back: 15m, 1h, 1d, or A..B")
+    h.set_defaults(func=cmd_hot)
+    d.add_argument("--before", required=True, help="a range: 2h..1h (ago) or ISO..ISO")
+    d.add_argument("--after", required=True, help="a range: 1h (the last hour), 1h..0s, ...")
+    d.set_defaults(func=cmd_diff)
+    f.add_argument("--trace")
+    f.add_argument("--span")
+    f.add_argument("--service")
+    f.add_argument("--operation")
+    f.add_argument("--since", default="1h")
+    f.add_argument("-o", "--output", default="flamegraph.svg")
+    f.set_defaults(func=cmd_flamegraph)
     s = sub.add_parser("schema", help="print the ClickHouse DDL or the config JSON Schema")
     s.add_argument("what", choices=["print", "config"])
     s.add_argument("--database", default="spanprof")

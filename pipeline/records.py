@@ -153,6 +153,9 @@ class Attribution(msgspec.Struct, array_like=True, gc=False):
     # self CPU plus the CPU of descendants in the same service placed through this row's
     # method (cpu_ns is the span's self CPU)
     inclusive_cpu_ns: int = 0
+    # self CPU / wall per stack id (profile_stacks): the span's flame graph
+    stack_cpu_ns: dict[int, int] = {}
+    stack_wall_ns: dict[int, int] = {}
 
 
 class Unattributed(msgspec.Struct, array_like=True, gc=False):

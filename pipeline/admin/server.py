@@ -7,6 +7,9 @@ the running pipeline, which asks ClickHouse on its own connection::
     GET /metrics                                  Prometheus text
     GET /api/v1/spans?order=cpu|inclusive|duration|off_cpu&limit=N&service=S&method=M
     GET /api/v1/traces/{trace_id}?method=M
+    GET /api/v1/functions?service=S&operation=O&since=1h&limit=N    functions by self CPU
+    GET /api/v1/diff?service=S&operation=O&before=2h..1h&after=1h  which got more expensive
+    GET /api/v1/stacks?trace_id=T&span_id=S | ?service=S&operation=O&since=1h   flame graph
 
 ``method``: ``exact`` (link + link+time, the default), ``all``, or a comma-separated list.
 """
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from typing import Any
 
 import msgspec
@@ -56,6 +60,9 @@ class AdminServer:
         app.router.add_get("/metrics", self.metrics)
         app.router.add_get("/api/v1/spans", self.spans)
         app.router.add_get("/api/v1/traces/{trace_id}", self.trace)
+        app.router.add_get("/api/v1/functions", self.functions)
+        app.router.add_get("/api/v1/diff", self.diff)
+        app.router.add_get("/api/v1/stacks", self.stacks)
         host, _, port = self.endpoint.rpartition(":")
         self._runner, self.port = await serve(app, f"{host or '127.0.0.1'}:{port}",
                                               "service.admin.endpoint")
@@ -86,6 +93,10 @@ class AdminServer:
                 lines.append(f"spanprof_{kind}_{base}_total{{{labels}}} {value}")
         return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 
+    def _db(self) -> Any:
+        assert self.db is not None
+        return self.db
+
     def _database(self) -> str:
         assert self.db is not None
         return str(self.db.cfg.database)
@@ -112,6 +123,48 @@ class AdminServer:
                                         method=q.get("method", "exact"))
         return _json({"spans": spans})
 
+    async def _answer(self, request: web.Request, work: Any) -> web.Response:
+        if self.db is None:
+            return _error(404, "no clickhouse exporter in this pipeline: nothing to query")
+        try:
+            return _json(await work(request.query, time.time()))
+        except (_BadRequest, ValueError) as err:
+            return _error(400, str(err))
+
+    async def functions(self, request: web.Request) -> web.Response:
+        async def work(q: Any, now: float) -> Any:
+            rng = queries.parse_range(_param(q, "since") or "1h", now)
+            return await queries.functions(
+                self._db(), self._database(), str(_param(q, "service", True)),
+                _param(q, "operation"), rng, limit=_limit(q), method=q.get("method", "exact"))
+        return await self._answer(request, work)
+
+    async def diff(self, request: web.Request) -> web.Response:
+        async def work(q: Any, now: float) -> Any:
+            before = queries.parse_range(str(_param(q, "before", True)), now)
+            after = queries.parse_range(str(_param(q, "after", True)), now)
+            return await queries.diff(
+                self._db(), self._database(), str(_param(q, "service", True)),
+                _param(q, "operation"), before, after, limit=_limit(q),
+                method=q.get("method", "exact"))
+        return await self._answer(request, work)
+
+    async def stacks(self, request: web.Request) -> web.Response:
+        async def work(q: Any, now: float) -> Any:
+            tid, sid = _param(q, "trace_id"), _param(q, "span_id")
+            if tid or sid:
+                if not (tid and queries.HEX32.match(tid.lower())):
+                    raise _BadRequest("trace_id: expected 32 hex characters")
+                if not (sid and len(sid) == 16):
+                    raise _BadRequest("span_id: expected 16 hex characters")
+                return await queries.span_stacks(self._db(), self._database(), tid.lower(),
+                                                 sid.lower(), method=q.get("method", "exact"))
+            rng = queries.parse_range(_param(q, "since") or "1h", now)
+            return await queries.operation_stacks(
+                self._db(), self._database(), str(_param(q, "service", True)),
+                _param(q, "operation"), rng, method=q.get("method", "exact"))
+        return await self._answer(request, work)
+
     async def trace(self, request: web.Request) -> web.Response:
         if self.db is None:
             return _error(404, "no clickhouse exporter in this pipeline: nothing to query")
@@ -127,3 +180,24 @@ class AdminServer:
         if not result["spans"]:
             return _error(404, f"trace {tid} not found")
         return _json(result)
+
+
+def _limit(q: Any) -> int:
+    try:
+        limit = int(q.get("limit", "20"))
+    except ValueError:
+        raise _BadRequest("limit: expected an integer") from None
+    if not 1 <= limit <= MAX_LIMIT:
+        raise _BadRequest(f"limit: expected 1..{MAX_LIMIT}")
+    return limit
+
+
+class _BadRequest(Exception):
+    pass
+
+
+def _param(q: Any, name: str, required: bool = False) -> str | None:
+    v = q.get(name) or None
+    if required and v is None:
+        raise _BadRequest(f"{name}: required")
+    return str(v) if v is not None else None

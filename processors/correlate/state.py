@@ -68,15 +68,18 @@ EXACT_METHODS = (LINK, LINK_TIME)
 class _M:
     """What one method contributed to one span since it was last reported."""
 
-    __slots__ = ("cpu_ns", "wall_ns", "count", "incl_cpu", "self_cpu", "self_wall")
+    __slots__ = ("cpu_ns", "wall_ns", "count", "incl_cpu", "self_cpu", "self_wall",
+                 "stack_cpu", "stack_wall")
 
     def __init__(self) -> None:
         self.cpu_ns = 0
         self.wall_ns = 0
         self.count = 0
         self.incl_cpu = 0
-        self.self_cpu: dict[str, int] = {}
+        self.self_cpu: dict[str, int] = {}  # leaf function -> ns
         self.self_wall: dict[str, int] = {}
+        self.stack_cpu: dict[int, int] = {}  # stack id -> ns (flame graphs)
+        self.stack_wall: dict[int, int] = {}
 
 
 class _Acc:
@@ -105,6 +108,9 @@ class _Acc:
             for d, od in ((m.self_cpu, o.self_cpu), (m.self_wall, o.self_wall)):
                 for k, v in od.items():
                     d[k] = d.get(k, 0) + v
+            for sd, osd in ((m.stack_cpu, o.stack_cpu), (m.stack_wall, o.stack_wall)):
+                for sk, sv in osd.items():
+                    sd[sk] = sd.get(sk, 0) + sv
 
 
 @dataclass(slots=True)
@@ -364,7 +370,7 @@ class CorrelatorState:
         service (inclusive)."""
         acc = self._acc_of(key, now)
         assert acc is not None
-        _add(acc.m(method), smp.measure, value, count, leaf)
+        _add(acc.m(method), smp.measure, value, count, leaf, smp.stack_id)
         if smp.measure != "cpu":
             return
         tree = self.trees.get(key[0])
@@ -391,7 +397,7 @@ class CorrelatorState:
         orphan = self.orphans.get(key)
         if orphan is None:
             orphan = self.orphans[key] = _Orphan(_Acc(now, smp.service))
-        _add(orphan.acc.m(LINK), smp.measure, smp.value, smp.count, leaf)
+        _add(orphan.acc.m(LINK), smp.measure, smp.value, smp.count, leaf, smp.stack_id)
 
     def _skew_of(self, smp: Sample) -> int:
         sk = self.skews.get((smp.service, smp.pid, smp.host))
@@ -514,7 +520,7 @@ class CorrelatorState:
                     if force or o.acc.since + self.orphan_timeout <= now]:
             orphan = self.orphans.pop(key)
             for smp, leaf in orphan.timed:  # its span never came: on the label, as is
-                _add(orphan.acc.m(LINK), smp.measure, smp.value, smp.count, leaf)
+                _add(orphan.acc.m(LINK), smp.measure, smp.value, smp.count, leaf, smp.stack_id)
             self._orphan_timed -= len(orphan.timed)
             rows.extend(_rows(key, None, orphan.acc))
             self.stats.orphans_reported += 1
@@ -559,7 +565,7 @@ class CorrelatorState:
             if kind == "orphan":
                 orphan = self.orphans.pop(key)
                 for smp, leaf in orphan.timed:
-                    _add(orphan.acc.m(LINK), smp.measure, smp.value, smp.count, leaf)
+                    _add(orphan.acc.m(LINK), smp.measure, smp.value, smp.count, leaf, smp.stack_id)
                 self._orphan_timed -= len(orphan.timed)
                 self._evicted.append((key, None, orphan.acc))
             else:
@@ -592,17 +598,20 @@ def _deepest(tree: _Tree, span_id: bytes, info: _SpanInfo, t: int, thread: int) 
         seen.add(span_id)
 
 
-def _add(m: _M, measure: str, value: int, count: int, leaf: str | None) -> None:
+def _add(m: _M, measure: str, value: int, count: int, leaf: str | None,
+         stack: int = 0) -> None:
     if measure == "cpu":
         m.cpu_ns += value
         m.incl_cpu += value
         m.count += count
         if leaf is not None:
             m.self_cpu[leaf] = m.self_cpu.get(leaf, 0) + value
+            m.stack_cpu[stack] = m.stack_cpu.get(stack, 0) + value
     else:
         m.wall_ns += value
         if leaf is not None:
             m.self_wall[leaf] = m.self_wall.get(leaf, 0) + value
+            m.stack_wall[stack] = m.stack_wall.get(stack, 0) + value
 
 
 def random_source() -> int:
@@ -618,12 +627,12 @@ def _rows(key: Key, info: _SpanInfo | None, acc: _Acc) -> list[Attribution]:
         if info is None:
             out.append(Attribution(key[0], key[1], method, acc.service, "", b"", 0, 0, False,
                                    m.cpu_ns, m.wall_ns, m.count, m.self_cpu, m.self_wall,
-                                   random_source(), m.incl_cpu))
+                                   random_source(), m.incl_cpu, m.stack_cpu, m.stack_wall))
         else:
             out.append(Attribution(key[0], key[1], method, info.service, info.name,
                                    info.parent_span_id, info.start_ns, info.duration_ns, True,
                                    m.cpu_ns, m.wall_ns, m.count, m.self_cpu, m.self_wall,
-                                   random_source(), m.incl_cpu))
+                                   random_source(), m.incl_cpu, m.stack_cpu, m.stack_wall))
     if info is not None and LINK not in acc.by:
         # a span always has its link row, even without CPU: it carries name and duration
         out.append(Attribution(key[0], key[1], LINK, info.service, info.name,
@@ -670,10 +679,11 @@ def attribute_message(batch: SpanBatch | ProfileBatch, source: int) -> Attributi
         if m is None:
             m = accs[key] = _M()
             services[key] = smp.service
-        _add(m, smp.measure, smp.value, smp.count, _leaf(batch, smp))
+        _add(m, smp.measure, smp.value, smp.count, _leaf(batch, smp), smp.stack_id)
     return AttributionBatch(
         [Attribution(k[0], k[1], LINK, services[k], "", b"", 0, 0, False, m.cpu_ns, m.wall_ns,
-                     m.count, m.self_cpu, m.self_wall, source, m.incl_cpu)
+                     m.count, m.self_cpu, m.self_wall, source, m.incl_cpu, m.stack_cpu,
+                     m.stack_wall)
          for k, m in accs.items()],
         [Unattributed(svc, minute, m.cpu_ns, m.wall_ns, m.count, source)
          for (svc, minute), m in unlinked.items()])

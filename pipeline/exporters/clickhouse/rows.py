@@ -24,7 +24,9 @@ ATTRIBUTION_COLUMNS = ["trace_id", "span_id", "method", "source", "service", "na
                        "parent_span_id", "start_time", "duration_ns", "span_known", "cpu_ns",
                        "wall_ns", "sample_count", "inclusive_cpu_ns"]
 FUNCTIONS_COLUMNS = ["trace_id", "span_id", "method", "function", "source", "self_cpu_ns",
-                     "self_wall_ns"]
+                     "self_wall_ns", "service", "operation", "minute", "span_known"]
+SPAN_STACKS_COLUMNS = ["trace_id", "span_id", "method", "stack_id", "source", "service",
+                       "operation", "minute", "span_known", "cpu_ns", "wall_ns"]
 UNATTRIBUTED_COLUMNS = ["service", "minute", "source", "cpu_ns", "wall_ns", "sample_count"]
 
 COLUMNS = {
@@ -33,6 +35,7 @@ COLUMNS = {
     "profile_samples": SAMPLES_COLUMNS,
     "span_attribution": ATTRIBUTION_COLUMNS,
     "span_functions": FUNCTIONS_COLUMNS,
+    "span_stacks": SPAN_STACKS_COLUMNS,
     "unattributed_cpu": UNATTRIBUTED_COLUMNS,
 }
 
@@ -126,21 +129,29 @@ def attributions(batch: AttributionBatch) -> dict[str, Columns]:
             "inclusive_cpu_ns": [a.inclusive_cpu_ns for a in rows],
         }
         fn: Columns = {c: [] for c in FUNCTIONS_COLUMNS}
+        sk: Columns = {c: [] for c in SPAN_STACKS_COLUMNS}
         for a in rows:
             names = a.self_cpu_ns.keys() | a.self_wall_ns.keys()
-            if not names:
+            stacks = a.stack_cpu_ns.keys() | a.stack_wall_ns.keys()
+            if not names and not stacks:
                 continue
             tid, sid = a.trace_id.hex(), a.span_id.hex()
+            minute = a.start_ns // 1_000_000_000 // 60 * 60
+            where = (a.service, a.name, minute, int(a.span_known))
             for name in names:
-                fn["trace_id"].append(tid)
-                fn["span_id"].append(sid)
-                fn["method"].append(a.method)
-                fn["function"].append(name)
-                fn["source"].append(a.source)
-                fn["self_cpu_ns"].append(a.self_cpu_ns.get(name, 0))
-                fn["self_wall_ns"].append(a.self_wall_ns.get(name, 0))
+                for c, v in zip(FUNCTIONS_COLUMNS, (
+                        tid, sid, a.method, name, a.source, a.self_cpu_ns.get(name, 0),
+                        a.self_wall_ns.get(name, 0), *where), strict=True):
+                    fn[c].append(v)
+            for st in stacks:
+                for c, v in zip(SPAN_STACKS_COLUMNS, (
+                        tid, sid, a.method, st, a.source, *where, a.stack_cpu_ns.get(st, 0),
+                        a.stack_wall_ns.get(st, 0)), strict=True):
+                    sk[c].append(v)
         if fn["trace_id"]:
             out["span_functions"] = fn
+        if sk["trace_id"]:
+            out["span_stacks"] = sk
     if batch.unattributed:
         u = batch.unattributed
         out["unattributed_cpu"] = {

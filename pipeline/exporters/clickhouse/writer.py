@@ -28,7 +28,9 @@ from pipeline.exporters.clickhouse.rows import COLUMNS, Columns
 
 # stacks first: a sample is never visible before the stack it references
 TABLE_ORDER = ["profile_stacks", "otel_traces", "profile_samples", "span_attribution",
-               "span_functions", "unattributed_cpu"]
+               "span_functions", "span_stacks", "unattributed_cpu"]
+# a table rows.py fills but the writer does not know would be dropped without a word
+assert set(TABLE_ORDER) == set(COLUMNS), set(TABLE_ORDER) ^ set(COLUMNS)
 
 
 class _Generation:

@@ -134,7 +134,7 @@ class TestExporterOnEmbeddedEngine:
                 for batch in _records():
                     await ex.consume(batch)
             _, rows = await ex.query("SELECT version FROM spanprof.schema_migrations ORDER BY 1")
-            assert rows == [(1,), (2,), (3,)]
+            assert rows == [(1,), (2,), (3,), (4,)]
             await ex.shutdown()
             await ex.shutdown()  # idempotent
         with clickhouse(tmp_path / "ch") as ch:
@@ -168,7 +168,7 @@ class TestExporterOnEmbeddedEngine:
             host="h")
         await ex.consume(profiles)
         _, got = await ex.query("SELECT version FROM spanprof.schema_migrations ORDER BY 1")
-        assert got == [(1,), (2,), (3,)]
+        assert got == [(1,), (2,), (3,), (4,)]
         _, got = await ex.query("SELECT service, thread_id, thread_name, span_name, pid, host "
                                 "FROM spanprof.profile_samples ORDER BY service")
         assert got == [("api", 42, "worker-1", "GET /", 9, "h"), ("old", 0, "", "", 0, "")]
