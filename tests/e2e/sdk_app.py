@@ -1,0 +1,107 @@
+"""A small traced and profiled Python program, run by tests/e2e/test_real_sdks.py as a
+subprocess: the real OpenTelemetry SDK exports its spans over OTLP (HTTP or gRPC) and the
+real Pyroscope SDK, with ``pyroscope-otel``'s span processor, pushes its CPU profile.
+
+    python sdk_app.py {http|grpc} OTLP_ENDPOINT PYROSCOPE_URL SERVICE ITERATIONS
+
+Each iteration runs two root spans: ``crunch``, which spends ``--crunch-ms`` in the pure
+Python function ``burn_cpu_in_hash_loop``, and ``idle``, which sleeps ``--idle-ms``.
+(``pyroscope-otel`` labels samples with the *local root* span only, so the work is done in
+root spans.) At the end the spans are flushed, then the profiler is shut down, which pushes
+its last profile; the ids of the spans are printed on stdout as one JSON object:
+``{"crunch": [[trace_id, span_id], ...], "idle": [...]}`` in hex.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+import pyroscope
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from pyroscope.otel import PyroscopeSpanProcessor
+
+HEAVY_FUNCTION = "burn_cpu_in_hash_loop"
+
+
+def burn_cpu_in_hash_loop(ms: float) -> int:
+    """FNV-1a over integers, in pure Python, for ``ms`` of wall time: the profiler's samples
+    land in this frame (no C function below it to take them)."""
+    deadline = time.perf_counter() + ms / 1000
+    h = 0x811C9DC5
+    while time.perf_counter() < deadline:
+        for i in range(2000):
+            h = ((h ^ (i & 0xFF)) * 0x01000193) & 0xFFFFFFFF
+    return h
+
+
+def exporter(protocol: str, endpoint: str) -> SpanExporter:
+    if protocol == "http":
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+            OTLPSpanExporter as HttpExporter,
+        )
+        return HttpExporter(endpoint=endpoint.rstrip("/") + "/v1/traces", timeout=30)
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
+        OTLPSpanExporter as GrpcExporter,
+    )
+    return GrpcExporter(endpoint=endpoint, insecure=True, timeout=30)
+
+
+def ids(span: Any) -> list[str]:
+    ctx = span.get_span_context()
+    return [format(ctx.trace_id, "032x"), format(ctx.span_id, "016x")]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    ap.add_argument("protocol", choices=["http", "grpc"])
+    ap.add_argument("otlp_endpoint", help="http://127.0.0.1:4318 or 127.0.0.1:4317")
+    ap.add_argument("pyroscope", help="the Pyroscope server address, http://127.0.0.1:4040")
+    ap.add_argument("service")
+    ap.add_argument("iterations", type=int)
+    ap.add_argument("--crunch-ms", type=float, default=300)
+    ap.add_argument("--idle-ms", type=float, default=200)
+    ap.add_argument("--upload-interval", type=int, default=1, help="seconds")
+    args = ap.parse_args(argv)
+
+    pyroscope.configure(
+        application_name=args.service,
+        server_address=args.pyroscope,
+        sample_rate=100,
+        oncpu=True,          # CPU time only: a sleeping thread is not sampled
+        gil_only=True,
+        report_thread_id=True,
+        upload_interval=args.upload_interval,
+        tags={"sdk_app": "1"},
+    )
+    provider = TracerProvider(resource=Resource.create({"service.name": args.service}))
+    provider.add_span_processor(PyroscopeSpanProcessor())
+    provider.add_span_processor(BatchSpanProcessor(
+        exporter(args.protocol, args.otlp_endpoint), schedule_delay_millis=500))
+    tracer = provider.get_tracer("spanprof-sdk-app")
+
+    time.sleep(0.3)  # the sampler thread is up before the first span
+    out: dict[str, list[list[str]]] = {"crunch": [], "idle": []}
+    for _ in range(args.iterations):
+        with tracer.start_as_current_span("crunch") as span:
+            burn_cpu_in_hash_loop(args.crunch_ms)
+        out["crunch"].append(ids(span))
+        with tracer.start_as_current_span("idle") as span:
+            time.sleep(args.idle_ms / 1000)
+        out["idle"].append(ids(span))
+
+    provider.shutdown()        # exports every span still queued, waits for the answer
+    if not pyroscope.shutdown():  # stops the sampler and pushes the last profile
+        print("pyroscope.shutdown() failed", file=sys.stderr)
+        return 1
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
