@@ -31,6 +31,7 @@ TIME_UNITS = {
 }
 MEASURES: dict[str, Measure] = {
     "cpu": "cpu", "wall": "wall", "off_cpu": "off_cpu", "off-cpu": "off_cpu", "offcpu": "off_cpu",
+    "itimer": "cpu",  # async-profiler's setitimer-driven CPU sampling (Java agents)
 }
 
 

@@ -57,7 +57,11 @@ def _trace_id(value: str) -> bytes:
     return b""
 
 
-def decode_pprof(data: bytes, service: str, max_bytes: int = 64 << 20) -> ProfileBatch:
+def decode_pprof(data: bytes, service: str, max_bytes: int = 64 << 20,
+                 sample_types: dict[str, Any] | None = None) -> ProfileBatch:
+    """``sample_types``: the legacy /ingest form's ``sample_type_config`` (Pyroscope's Java
+    agent): per sample type, ``display-name`` renames it and ``units: samples`` says its
+    values count profiler ticks of the profile's period."""
     if data[:2] == b"\x1f\x8b":
         data = gunzip_limited(data, max_bytes, "pprof", "max_decompressed_bytes")
     try:
@@ -79,7 +83,18 @@ def decode_pprof(data: bytes, service: str, max_bytes: int = 64 << 20) -> Profil
     kinds: dict[str, tuple[int, Any, str, str]] = {}
     for i, vt in enumerate(p.sample_type):
         t, u = s(vt.type, "sample_type"), s(vt.unit, "sample_type")
-        k = classify(t, u, period_type, period_unit, int(p.period))
+        override = (sample_types or {}).get(t)
+        if isinstance(override, dict):
+            name = str(override.get("display-name") or t)
+            if override.get("units") == "samples":
+                k = classify("samples", "count", period_type if period_type in ("cpu", "wall")
+                             else name, period_unit, int(p.period))
+                t, u = name, "count"
+            else:
+                t = name
+                k = classify(t, u, period_type, period_unit, int(p.period))
+        else:
+            k = classify(t, u, period_type, period_unit, int(p.period))
         key = k.measure if k.measure != "other" else f"other:{t}/{u}"
         prev = kinds.get(key)
         if prev is None or (prev[1].value_is_count and not k.value_is_count):

@@ -10,7 +10,7 @@
 * ``POST /push.v1.PusherService/Push`` (Connect unary, ``application/proto``, gzip body):
   series labels (``service_name``) and raw pprof samples;
 * ``POST /ingest?name=APP{k=v,...}&format=pprof`` (legacy): a pprof body, or the multipart
-  form with a ``profile`` file.
+  form with a ``profile`` file and optionally ``sample_type_config`` (JSON, Java agents).
 
 Samples become the same records as OTLP profiles, links taken from span labels (see
 ``pipeline/pyroscope/pprof.py``). Errors: 400 with a message for bad data (Connect error
@@ -19,6 +19,7 @@ JSON on the push path), 413 for limits, 503 with ``Retry-After`` when downstream
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from typing import Any
 
@@ -151,16 +152,26 @@ class PyroscopeReceiver:
                 if app.endswith(suffix):
                     app = app[: -len(suffix)]
             service = labels.get("service_name") or app or UNKNOWN_SERVICE
+            sample_types: dict[str, Any] | None = None
             if request.content_type.startswith("multipart/"):
                 data = b""
                 async for part in await request.multipart():
-                    if getattr(part, "name", None) == "profile":
+                    name = getattr(part, "name", None)
+                    if name == "profile":
                         data = await self._part(part)
+                    elif name == "sample_type_config":
+                        try:
+                            sample_types = json.loads(await self._part(part))
+                        except ValueError as err:
+                            raise InvalidData(f"sample_type_config: not JSON: {err}") from None
+                        if not isinstance(sample_types, dict):
+                            raise InvalidData("sample_type_config: expected a JSON object")
                 if not data:
                     raise InvalidData("multipart form has no 'profile' part")
             else:
                 data = await self._body(request)
-            await self._deliver([decode_pprof(data, service, self.cfg.max_decompressed_bytes)])
+            await self._deliver([decode_pprof(data, service, self.cfg.max_decompressed_bytes,
+                                              sample_types)])
         return await self._handle(work, connect=False)
 
     async def shutdown(self) -> None:

@@ -173,6 +173,26 @@ class TestPyroscopeReceiver:
                 assert resp.status == 400
         assert [b.samples[0].service for b in fake.batches] == ["shop", "shop"]
 
+    async def test_legacy_multipart_sample_type_config(self, server: Any) -> None:
+        """The Java agents' form: sample_type_config says itimer values count samples of
+        the profile's period, so they are CPU ticks; bad JSON there is a 400."""
+        r, fake, url = server
+        p = Profile.FromString(pprof([([1], 3, {"span_id": "00000000000000aa"})]))
+        p.string_table.extend(["itimer", "count"])
+        p.sample_type[0].type, p.sample_type[0].unit = len(p.string_table) - 2, \
+            len(p.string_table) - 1
+        q = "?name=shop.itimer{env=prod}&format=pprof&spyName=javaspy"
+        async with aiohttp.ClientSession() as http:
+            for config, status in ((b"{not json", 400),
+                                   (b'{"itimer": {"units": "samples", "sampled": true}}', 200)):
+                form = aiohttp.FormData()
+                form.add_field("profile", p.SerializeToString(), filename="profile.pprof")
+                form.add_field("sample_type_config", config, filename="sample_type_config.json")
+                async with http.post(url + "/ingest" + q, data=form) as resp:
+                    assert resp.status == status, await resp.text()
+        (smp,) = fake.batches[0].samples
+        assert (smp.service, smp.measure, smp.value, smp.count) == ("shop", "cpu", 30_000_000, 3)
+
     async def test_backpressure_is_503_with_retry_after(self, server: Any) -> None:
         """A full pipeline answers 503 with Retry-After; nothing is reported as accepted."""
         r, fake, url = server
