@@ -156,10 +156,10 @@ class PyroscopeReceiver:
             if request.content_type.startswith("multipart/"):
                 data = b""
                 async for part in await request.multipart():
-                    name = getattr(part, "name", None)
-                    if name == "profile":
+                    field = getattr(part, "name", None)
+                    if field == "profile":
                         data = await self._part(part)
-                    elif name == "sample_type_config":
+                    elif field == "sample_type_config":
                         try:
                             sample_types = json.loads(await self._part(part))
                         except ValueError as err:
