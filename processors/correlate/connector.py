@@ -40,6 +40,8 @@ from pipeline.records import AttributionBatch, Batch, ProfileBatch, SpanBatch
 from pipeline.registry import Context, Factory
 from processors.correlate.state import CorrelatorState, attribute_message, source_id
 
+OUTBOX_CHUNK = 2_000  # attribution rows per batch sent on (each fans out to function rows)
+
 
 class Config(msgspec.Struct, forbid_unknown_fields=True):
     grace: Duration = Duration(10.0)
@@ -104,8 +106,12 @@ class SpanCorrelator:
         async with self._lock:
             evicted_before = self.state.stats.evicted
             due = self.state.take_due(self.clock(), force=force)
-            if due.attributions or due.unattributed:
-                self._outbox.append(due)
+            # in pieces: each is one bounded insert, and one slow piece does not hold the rest
+            for i in range(0, max(len(due.attributions), 1), OUTBOX_CHUNK):
+                piece = AttributionBatch(due.attributions[i:i + OUTBOX_CHUNK],
+                                         due.unattributed if i == 0 else [])
+                if piece.attributions or piece.unattributed:
+                    self._outbox.append(piece)
             if self.state.stats.evicted != evicted_before:
                 self.log.warning("correlator_evicted", evicted_total=self.state.stats.evicted,
                                  max_entries=self.cfg.max_entries)

@@ -99,7 +99,9 @@ class Writer:
             raise Retryable("clickhouse exporter is shutting down")
         if rows == 0:
             return
-        if self.pending_rows + rows > self.max_pending_rows:
+        # an empty queue takes any batch: one bigger than the bound alone would otherwise
+        # be refused for ever (its sender retrying in vain)
+        if self.pending_rows and self.pending_rows + rows > self.max_pending_rows:
             self.metric("refused_rows", rows)
             raise Retryable(f"clickhouse exporter queue is full ({self.pending_rows} rows "
                             f"pending, max_pending_rows={self.max_pending_rows})", retry_after=2.0)
