@@ -224,7 +224,8 @@ def cmd_schema(args: argparse.Namespace) -> int:
         return 0
     from pipeline.exporters.clickhouse.schema import SchemaOptions, render
 
-    print(render(SchemaOptions(database=args.database, ttl_seconds=args.ttl_days * 86400)))
+    print(render(SchemaOptions(database=args.database, ttl_seconds=args.ttl_days * 86400,
+                               cluster=args.cluster)))
     return 0
 
 
@@ -283,6 +284,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("what", choices=["print", "config"])
     s.add_argument("--database", default="spanprof")
     s.add_argument("--ttl-days", type=int, default=7)
+    s.add_argument("--cluster", default="", help="emit ON CLUSTER, Replicated* and "
+                   "Distributed tables for this cluster")
     s.set_defaults(func=cmd_schema)
     return p
 

@@ -11,6 +11,7 @@ go through the very same client API, so what the tests prove on one holds on the
         password: ${env:CLICKHOUSE_PASSWORD:-}
         database: spanprof
         ttl: 7d                        # 0 keeps data forever
+        cluster: ""                    # a cluster name: Replicated + Distributed tables
         batch_rows: 5000               # insert when this many rows are waiting ...
         flush_interval: 1s             # ... or when the oldest waited this long
         max_pending_rows: 500000       # beyond: refuse with a retryable error
@@ -31,7 +32,12 @@ import msgspec
 from pipeline.config import Duration
 from pipeline.errors import ConfigError, Retryable
 from pipeline.exporters.clickhouse import rows
-from pipeline.exporters.clickhouse.schema import SchemaOptions, bootstrap, statements
+from pipeline.exporters.clickhouse.schema import (
+    SchemaOptions,
+    bootstrap,
+    on_cluster,
+    statements,
+)
 from pipeline.exporters.clickhouse.writer import Writer
 from pipeline.records import AttributionBatch, Batch, ProfileBatch, SpanBatch
 from pipeline.registry import Context, Factory
@@ -51,6 +57,7 @@ class Config(msgspec.Struct, forbid_unknown_fields=True):
     database: str = "spanprof"
     ttl: Duration = Duration(7 * 86400)
     create_schema: bool = True
+    cluster: str = ""
     batch_rows: int = 5_000
     flush_interval: Duration = Duration(1.0)
     max_pending_rows: int = 500_000
@@ -62,6 +69,10 @@ class Config(msgspec.Struct, forbid_unknown_fields=True):
         if scheme not in ("chdb", "http", "https"):
             raise ConfigError(f"endpoint: expected chdb://PATH, http://HOST:PORT or "
                               f"https://HOST:PORT, got {self.endpoint!r}")
+        if self.cluster and not self.cluster.replace("_", "").isalnum():
+            raise ConfigError(f"cluster: must be letters, digits and _, got {self.cluster!r}")
+        if self.cluster and self.endpoint.startswith("chdb://"):
+            raise ConfigError("cluster: needs a ClickHouse server (http(s)://), not chdb://")
         if not self.database.replace("_", "").isalnum():
             raise ConfigError(f"database: must be letters, digits and _, got {self.database!r}")
         if self.batch_rows < 1 or self.max_pending_rows < self.batch_rows:
@@ -89,7 +100,10 @@ def connect(cfg: Config, data_dir: str) -> Any:
     return clickhouse_connect.get_client(
         host=u.hostname, port=u.port or (8443 if u.scheme == "https" else 8123),
         secure=u.scheme == "https", username=cfg.username, password=cfg.password,
-        connect_timeout=float(cfg.timeout), send_receive_timeout=float(cfg.timeout))
+        connect_timeout=float(cfg.timeout), send_receive_timeout=float(cfg.timeout),
+        # through Distributed tables, an insert is acknowledged once the shards have it,
+        # and its deduplication token goes with it
+        settings={"insert_distributed_sync": 1} if cfg.cluster else None)
 
 
 class ClickHouseExporter:
@@ -97,7 +111,8 @@ class ClickHouseExporter:
         self.cfg = cfg
         self.ctx = ctx
         self.log = ctx.log
-        self.schema = SchemaOptions(database=cfg.database, ttl_seconds=int(cfg.ttl))
+        self.schema = SchemaOptions(database=cfg.database, ttl_seconds=int(cfg.ttl),
+                                    cluster=cfg.cluster)
         self.metrics: Counter[str] = Counter()
         self.client: Any = None
         # one thread: chdb is one engine per process, and ordering inserts keeps it simple
@@ -131,7 +146,8 @@ class ClickHouseExporter:
 
     def migrate(self) -> None:
         """Apply, in order, every migration not yet recorded in ``schema_migrations``."""
-        for sql in bootstrap(self.schema):
+        boot = bootstrap(self.schema)
+        for sql in on_cluster(boot, self.schema) if self.schema.cluster else boot:
             self.client.command(sql)
         db = self.cfg.database
         applied = {r[0] for r in self.client.query(

@@ -10,6 +10,7 @@ and the applied version is recorded in ``schema_migrations``.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 
@@ -17,6 +18,10 @@ from dataclasses import dataclass
 class SchemaOptions:
     database: str = "spanprof"
     ttl_seconds: int = 7 * 86400  # 0 keeps data forever
+    # a ClickHouse cluster (remote_servers): every table becomes a Replicated* table
+    # ``NAME_local`` on each node plus a Distributed table ``NAME`` over them, so inserts
+    # and queries keep using the plain names (see ``on_cluster``)
+    cluster: str = ""
 
 
 def _ttl(expr: str, o: SchemaOptions) -> str:
@@ -387,11 +392,77 @@ def bootstrap(o: SchemaOptions) -> list[str]:
 
 
 def statements(o: SchemaOptions) -> list[tuple[int, list[str]]]:
+    if o.cluster:
+        return [(i + 1, on_cluster(m(o), o)) for i, m in enumerate(MIGRATIONS)]
     return [(i + 1, m(o)) for i, m in enumerate(MIGRATIONS)]
 
 
+_CREATE_TABLE = re.compile(r"^CREATE TABLE IF NOT EXISTS (\w+)\.(\w+) \(")
+_ENGINE = re.compile(r"ENGINE = (\w*)MergeTree(\(([^)]*)\))?")
+_CREATE_VIEW = re.compile(r"^CREATE (OR REPLACE VIEW|VIEW IF NOT EXISTS) (\w+)\.(\w+) AS")
+_CREATE_MV = re.compile(r"^CREATE MATERIALIZED VIEW IF NOT EXISTS (\w+)\.(\w+)\s+TO (\w+)\.(\w+)")
+_ALTER = re.compile(r"^ALTER TABLE (\w+)\.(\w+)")
+
+
+def _shard_key(ddl: str) -> str:
+    """Rows of one trace on one shard (one-trace queries read one shard); others spread."""
+    if re.search(r"^\s+TraceId String", ddl, re.M):
+        return "cityHash64(TraceId)"
+    if re.search(r"^\s+trace_id String", ddl, re.M):
+        return "cityHash64(trace_id)"
+    return "rand()"
+
+
+def on_cluster(stmts: list[str], o: SchemaOptions) -> list[str]:
+    """The same schema for a cluster: ``ON CLUSTER``, ``Replicated*MergeTree`` local tables
+    (``NAME_local``, replicated through Keeper under /clickhouse/tables/{shard}/...), and a
+    ``Distributed`` table under each plain name. Materialized views hang off the local
+    tables (each node aggregates what it stores; queries re-aggregate across shards, which
+    sums and uniqExact states allow); views read the Distributed tables, with GLOBAL joins.
+    Inserts must be synchronous (``insert_distributed_sync``) for deduplication tokens to
+    reach the shards: the exporter sets it when ``cluster`` is configured."""
+    c = o.cluster
+    out: list[str] = []
+    for stmt in stmts:
+        s = stmt.strip()
+        if m := _CREATE_TABLE.match(s):
+            db, name = m.groups()
+            local = f"{name}_local"
+
+            def engine(e: re.Match[str], db: str = db, local: str = local) -> str:
+                args = e.group(3)
+                path = f"'/clickhouse/tables/{{shard}}/{db}/{local}', '{{replica}}'"
+                return f"ENGINE = Replicated{e.group(1)}MergeTree({path}" + \
+                    (f", {args})" if args else ")")
+            body = _ENGINE.sub(engine, s[m.end():], count=1).replace(
+                "non_replicated_deduplication_window", "replicated_deduplication_window")
+            out.append(f"CREATE TABLE IF NOT EXISTS {db}.{local} ON CLUSTER {c} (" + body)
+            out.append(f"CREATE TABLE IF NOT EXISTS {db}.{name} ON CLUSTER {c} AS {db}.{local}\n"
+                       f"ENGINE = Distributed({c}, {db}, {local}, {_shard_key(s)})")
+        elif m := _CREATE_MV.match(s):
+            db, name, tdb, target = m.groups()
+            rest = re.sub(rf"\bFROM {db}\.(\w+)", rf"FROM {db}.\1_local", s[m.end():])
+            out.append(f"CREATE MATERIALIZED VIEW IF NOT EXISTS {db}.{name} ON CLUSTER {c}\n"
+                       f"TO {tdb}.{target}_local{rest}")
+        elif m := _CREATE_VIEW.match(s):
+            kind, db, name = m.groups()
+            body = s[m.end():].replace("LEFT JOIN (", "GLOBAL LEFT JOIN (")
+            out.append(f"CREATE {kind} {db}.{name} ON CLUSTER {c} AS{body}")
+        elif m := _ALTER.match(s):
+            db, name = m.groups()
+            rest = s[m.end():]
+            out.append(f"ALTER TABLE {db}.{name}_local ON CLUSTER {c}{rest}")
+            out.append(f"ALTER TABLE {db}.{name} ON CLUSTER {c}{rest}")
+        elif s.startswith("CREATE DATABASE IF NOT EXISTS "):
+            out.append(f"{s} ON CLUSTER {c}")
+        else:
+            raise ValueError(f"on_cluster: no rule for statement: {s[:80]}")
+    return out
+
+
 def render(o: SchemaOptions) -> str:
-    out = ["-- bootstrap"] + [s.strip() + ";\n" for s in bootstrap(o)]
+    boot = on_cluster(bootstrap(o), o) if o.cluster else bootstrap(o)
+    out = ["-- bootstrap"] + [s.strip() + ";\n" for s in boot]
     for version, stmts in statements(o):
         out.append(f"-- migration {version}")
         out.extend(s.strip() + ";\n" for s in stmts)

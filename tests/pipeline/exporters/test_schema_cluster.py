@@ -1,0 +1,82 @@
+"""``cluster:``: the DDL for a ClickHouse cluster (ON CLUSTER, Replicated* local tables,
+Distributed tables under the plain names). No cluster can run here, so this checks the
+statements themselves; the single-node DDL is what every other test applies."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from pipeline.errors import ConfigError
+from pipeline.exporters.clickhouse.exporter import Config
+from pipeline.exporters.clickhouse.schema import SchemaOptions, bootstrap, render, statements
+
+CLUSTER = SchemaOptions(cluster="prod")
+
+
+def all_statements(o: SchemaOptions) -> list[str]:
+    return [s for _, stmts in statements(o) for s in stmts]
+
+
+class TestClusterSchema:
+    def test_every_table_is_replicated_with_a_distributed_table_over_it(self) -> None:
+        single = all_statements(SchemaOptions())
+        tables = re.findall(r"CREATE TABLE IF NOT EXISTS spanprof\.(\w+) \(",
+                            "\n".join(single))
+        assert len(tables) >= 12
+        clustered = "\n".join(all_statements(CLUSTER))
+        for t in tables:
+            local = re.search(rf"CREATE TABLE IF NOT EXISTS spanprof\.{t}_local ON CLUSTER prod "
+                              rf"\(.*?ENGINE = Replicated\w*MergeTree\('/clickhouse/tables/"
+                              rf"\{{shard\}}/spanprof/{t}_local', '\{{replica\}}'", clustered,
+                              re.S)
+            assert local, t
+            assert f"CREATE TABLE IF NOT EXISTS spanprof.{t} ON CLUSTER prod AS " \
+                   f"spanprof.{t}_local\nENGINE = Distributed(prod, spanprof, {t}_local, " \
+                   in clustered, t
+        assert "non_replicated_deduplication_window" not in clustered
+        assert "replicated_deduplication_window = 10000" in clustered
+        # engine arguments survive: ReplacingMergeTree(last_seen)
+        assert re.search(r"ReplicatedReplacingMergeTree\('[^']+profile_stacks_local', "
+                         r"'\{replica\}', last_seen\)", clustered)
+
+    def test_trace_rows_share_a_shard(self) -> None:
+        clustered = "\n".join(all_statements(CLUSTER))
+        for t in ("otel_traces", "span_attribution", "span_functions", "span_stacks",
+                  "profile_samples", "op_calls"):
+            assert re.search(rf"Distributed\(prod, spanprof, {t}_local, "
+                             rf"cityHash64\((TraceId|trace_id)\)\)", clustered), t
+
+    def test_views_hang_off_local_tables_and_queries_read_distributed(self) -> None:
+        clustered = all_statements(CLUSTER)
+        mvs = [s for s in clustered if s.startswith("CREATE MATERIALIZED VIEW")]
+        assert len(mvs) >= 6
+        for mv in mvs:
+            assert re.search(r"\nTO spanprof\.\w+_local AS", mv), mv
+            assert re.findall(r"FROM spanprof\.(\w+)", mv)
+            assert all(t.endswith("_local") for t in re.findall(r"FROM spanprof\.(\w+)", mv))
+        views = [s for s in clustered if re.match(r"CREATE (OR REPLACE )?VIEW", s)]
+        assert views and all(" ON CLUSTER prod AS" in v for v in views)
+        assert all("GLOBAL LEFT JOIN" in v for v in views if "JOIN" in v)
+        alters = [s for s in clustered if s.startswith("ALTER")]
+        assert {re.match(r"ALTER TABLE spanprof\.(\w+) ", a).group(1)  # type: ignore[union-attr]
+                for a in alters} >= {"profile_samples", "profile_samples_local"}
+
+    def test_single_node_ddl_is_unchanged_and_bootstrap_too(self) -> None:
+        assert "ON CLUSTER" not in render(SchemaOptions())
+        assert all("ON CLUSTER prod" in s for s in
+                   render(CLUSTER).split(";\n") if s.strip().startswith(("CREATE", "ALTER")))
+        assert bootstrap(SchemaOptions()) == bootstrap(CLUSTER)  # clusterized when applied
+
+    def test_cli_prints_it_and_config_checks_it(self) -> None:
+        out = subprocess.run([sys.executable, "-m", "pipeline.cli", "schema", "print",
+                              "--cluster", "prod"], capture_output=True, text=True, check=True)
+        assert "ENGINE = Distributed(prod, spanprof, otel_traces_local" in out.stdout
+        with pytest.raises(ConfigError, match="cluster: needs a ClickHouse server"):
+            Config(endpoint="chdb://./data", cluster="prod").validate()
+        with pytest.raises(ConfigError, match="cluster: must be letters"):
+            Config(endpoint="http://ch:8123", cluster="a-b").validate()
+        Config(endpoint="http://ch:8123", cluster="prod").validate()
