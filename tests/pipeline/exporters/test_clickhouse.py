@@ -134,7 +134,7 @@ class TestExporterOnEmbeddedEngine:
                 for batch in _records():
                     await ex.consume(batch)
             _, rows = await ex.query("SELECT version FROM spanprof.schema_migrations ORDER BY 1")
-            assert rows == [(1,), (2,), (3,), (4,)]
+            assert rows == [(1,), (2,), (3,), (4,), (5,)]
             await ex.shutdown()
             await ex.shutdown()  # idempotent
         with clickhouse(tmp_path / "ch") as ch:
@@ -168,7 +168,7 @@ class TestExporterOnEmbeddedEngine:
             host="h")
         await ex.consume(profiles)
         _, got = await ex.query("SELECT version FROM spanprof.schema_migrations ORDER BY 1")
-        assert got == [(1,), (2,), (3,), (4,)]
+        assert got == [(1,), (2,), (3,), (4,), (5,)]
         _, got = await ex.query("SELECT service, thread_id, thread_name, span_name, pid, host "
                                 "FROM spanprof.profile_samples ORDER BY service")
         assert got == [("api", 42, "worker-1", "GET /", 9, "h"), ("old", 0, "", "", 0, "")]
@@ -192,3 +192,33 @@ class TestExporterOnEmbeddedEngine:
                       "unattributed_cpu", "span_attribution_totals"):
             assert f"x.{table}" in ddl
         assert "toIntervalSecond(3600)" in ddl
+
+
+class TestSpanOnlyRows:
+    async def test_span_only_rows_find_their_trace_through_span_index(
+            self, tmp_path: Path) -> None:
+        """A row written with trace_id '' (a sample labelled with a span id alone, joined on
+        another worker) is read back under its span's trace; rows of other traces are not
+        touched, and a span-only row whose span never came stays under ''."""
+        cfg = Config(endpoint=f"chdb://{tmp_path}/ch", flush_interval=0.05, ttl=0)
+        ex = ClickHouseExporter(cfg, Context("clickhouse", ["traces"], data_dir=str(tmp_path)))
+        await ex.start()
+        spans, _, _ = _records()
+        await ex.consume(spans)
+        tid, sid = spans.spans[0].trace_id, spans.spans[0].span_id
+        rows = [Attribution(b"", sid, "link", "api", "", b"", 0, 0, False, 7, 0, 1,
+                            {"leaf": 7}, {}, 1),
+                Attribution(b"", b"\x09" * 8, "link", "api", "", b"", 0, 0, False, 3, 0, 1,
+                            {}, {}, 2),
+                Attribution(tid, sid, "link", "api", "GET /", b"", spans.spans[0].start_ns,
+                            50_000_000, True, 5, 0, 1, {"leaf": 5}, {}, 3)]
+        await ex.consume(AttributionBatch(rows))
+        _, got = await ex.query(
+            "SELECT trace_id, span_id, sum(cpu_ns) FROM spanprof.span_attribution_totals "
+            "GROUP BY trace_id, span_id ORDER BY trace_id, span_id")
+        assert got == [("", "09" * 8, 3), (tid.hex(), sid.hex(), 12)]
+        _, got = await ex.query(
+            "SELECT sum(cpu_ns) FROM spanprof.span_attribution_totals WHERE trace_id = "
+            "{t:String}", {"t": tid.hex()})
+        assert got == [(12,)]
+        await ex.shutdown()
