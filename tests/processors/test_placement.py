@@ -191,3 +191,33 @@ class TestSpanOnlyLabels:
                for r in out.attributions if r.cpu_ns}
         assert got == {(TRACE, ROOT, "link", True): 10 * MS,
                        (TRACE, GRANDCHILD, "link+time", True): 10 * MS}
+
+
+class TestEbpfShapedProfile:
+    def test_ebpf_profile_decoded_then_matched_by_thread(self) -> None:
+        """What the OpenTelemetry eBPF profiler sends (no links; samples/count of a 50 ms
+        period; timestamps per sample; thread.id attributes; resource process.pid), decoded
+        from OTLP and joined by process and thread to the span running on that thread."""
+        from pipeline.otlp.builder import ProfileBuilder
+        from pipeline.otlp.profiles import decode_profiles
+
+        b = ProfileBuilder()
+        res: dict[str, str | int] = {"process.pid": 77}
+        for at_ms, thread in ((25, 7), (45, 7), (55, 8)):
+            b.sample(["work", "main"], None, timestamps=[T0 + at_ms * MS],
+                     attributes={"thread.id": thread, "thread.name": f"t{thread}"},
+                     sample_type="samples", unit="count", period_type="cpu",
+                     period=50 * MS, service="svc", resource=res)
+        decoded = decode_profiles(b.build())
+        assert decoded.rejected == 0
+        assert [(s.thread_id, s.pid, s.value, s.timed) for s in decoded.batch.samples] == [
+            (7, 77, 50 * MS, True), (7, 77, 50 * MS, True), (8, 77, 50 * MS, True)]
+        spans = [span(ROOT, b"", 0, 100, 7, pid=77), span(CHILD, ROOT, 20, 40, 7, pid=77),
+                 span(SIBLING, b"", 0, 100, 8, trace=b"\x05" * 16, pid=77)]
+        st = CorrelatorState(grace=1.0)
+        st.add_spans(spans, 0.0)
+        st.add_samples(decoded.batch, 0.5)
+        out = st.take_due(100.0, force=True)
+        got = {(r.span_id, r.method): r.cpu_ns for r in out.attributions if r.cpu_ns}
+        assert got == {(CHILD, "thread"): 50 * MS, (ROOT, "thread"): 50 * MS,
+                       (SIBLING, "thread"): 50 * MS}
