@@ -38,7 +38,13 @@ from pipeline.config import Duration
 from pipeline.errors import ConfigError, Retryable
 from pipeline.records import AttributionBatch, Batch, ProfileBatch, SpanBatch
 from pipeline.registry import Context, Factory
-from processors.correlate.state import CorrelatorState, attribute_message, source_id
+from processors.correlate.state import (
+    CorrelatorState,
+    SpanLookup,
+    attribute_message,
+    source_id,
+    span_lookup_add,
+)
 
 OUTBOX_CHUNK = 2_000  # attribution rows per batch sent on (each fans out to function rows)
 
@@ -67,6 +73,8 @@ class SpanCorrelator:
         self.state = CorrelatorState(grace=cfg.grace, orphan_timeout=cfg.orphan_timeout,
                                      late_window=cfg.late_window, max_entries=cfg.max_entries)
         self._outbox: list[AttributionBatch] = []
+        # Kafka tier: spans of this worker's partitions, for the rows of later samples
+        self._seen_spans: SpanLookup = {}
         self._task: asyncio.Task[None] | None = None
         self._stopped = False
         self._lock = asyncio.Lock()
@@ -90,8 +98,10 @@ class SpanCorrelator:
                             f"({self.outbox_rows} rows waiting); retry later", retry_after=5.0)
         if isinstance(batch, SpanBatch | ProfileBatch) and batch.origin:
             # from Kafka: write this message's rows now, before its offset is committed
-            await self.ctx.next["attributions"].consume(
-                attribute_message(batch, source_id(batch.origin)))
+            rows = attribute_message(batch, source_id(batch.origin), self._seen_spans)
+            await self.ctx.next["attributions"].consume(rows)
+            if isinstance(batch, SpanBatch):
+                span_lookup_add(self._seen_spans, batch, self.cfg.max_entries)
             return
         now = self.clock()
         if isinstance(batch, SpanBatch):

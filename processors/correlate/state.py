@@ -649,7 +649,22 @@ def source_id(origin: str) -> int:
                           "little") >> 1
 
 
-def attribute_message(batch: SpanBatch | ProfileBatch, source: int) -> AttributionBatch:
+SpanLookup = dict[bytes, tuple[bytes, "_SpanInfo"]]  # span id -> (trace id, span)
+
+
+def span_lookup_add(lookup: SpanLookup, batch: SpanBatch, bound: int) -> None:
+    """Remember the spans of a message (bounded, oldest forgotten first), so that sample
+    rows of later messages can name their span's operation and time."""
+    for s in batch.spans:
+        lookup.pop(s.span_id, None)
+        lookup[s.span_id] = (s.trace_id, _SpanInfo(s.service, s.name, s.parent_span_id,
+                                                   s.start_ns, s.duration_ns))
+    while len(lookup) > bound:
+        del lookup[next(iter(lookup))]
+
+
+def attribute_message(batch: SpanBatch | ProfileBatch, source: int,
+                      spans: SpanLookup | None = None) -> AttributionBatch:
     """The attribution rows one message contributes, as a pure function of the message.
 
     The Kafka tier writes these before committing the message's offset. A worker that dies
@@ -680,10 +695,25 @@ def attribute_message(batch: SpanBatch | ProfileBatch, source: int) -> Attributi
             m = accs[key] = _M()
             services[key] = smp.service
         _add(m, smp.measure, smp.value, smp.count, _leaf(batch, smp), smp.stack_id)
+    rows = []
+    for k, m in accs.items():
+        # a span this worker has seen (same partition, usually earlier) gives the row its
+        # operation and time, so its CPU reaches the per-operation aggregates. The row
+        # stays the same on redelivery as far as ClickHouse is concerned: the message's
+        # insert_deduplication_token drops the second block whatever it holds.
+        known = spans.get(k[1]) if spans is not None else None
+        if known is not None and (not k[0] or known[0] == k[0]):
+            tid, info = known
+            rows.append(Attribution(tid, k[1], LINK, info.service, info.name,
+                                    info.parent_span_id, info.start_ns, info.duration_ns,
+                                    True, m.cpu_ns, m.wall_ns, m.count, m.self_cpu,
+                                    m.self_wall, source, m.incl_cpu, m.stack_cpu,
+                                    m.stack_wall))
+        else:
+            rows.append(Attribution(k[0], k[1], LINK, services[k], "", b"", 0, 0, False,
+                                    m.cpu_ns, m.wall_ns, m.count, m.self_cpu, m.self_wall,
+                                    source, m.incl_cpu, m.stack_cpu, m.stack_wall))
     return AttributionBatch(
-        [Attribution(k[0], k[1], LINK, services[k], "", b"", 0, 0, False, m.cpu_ns, m.wall_ns,
-                     m.count, m.self_cpu, m.self_wall, source, m.incl_cpu, m.stack_cpu,
-                     m.stack_wall)
-         for k, m in accs.items()],
+        rows,
         [Unattributed(svc, minute, m.cpu_ns, m.wall_ns, m.count, source)
          for (svc, minute), m in unlinked.items()])

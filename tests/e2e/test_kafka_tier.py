@@ -73,6 +73,11 @@ class TestKafkaTier:
                 with tracer.start_as_current_span(f"op{i}") as span:
                     keys.append(ids_of(span))
             provider.force_flush()
+            provider.shutdown()
+            correlator.start()  # after the spans: it reads the topics from the start
+            wait_until(lambda: len(correlator.get("/api/v1/spans?limit=1000")["spans"]) == 20,
+                       timeout=60)
+            # profiles come later, as profilers upload every 10-60 s
             truth: dict[tuple[bytes, bytes], int] = defaultdict(int)
             b = ProfileBuilder()
             for j, (tid, sid) in enumerate(keys):
@@ -81,8 +86,6 @@ class TestKafkaTier:
                     b.sample([f"fn{k}", "main"], (k + 1) * MS, tid, sid, service="checkout")
             stub = profiles_stub(grpc.insecure_channel(gateway.grpc_target))
             assert not stub.Export(b.build(), timeout=30).HasField("partial_success")
-            provider.shutdown()
-            correlator.start()  # after the data: it reads the topics from the start
 
             def all_attributed() -> bool:
                 got = {(s["trace_id"], s["span_id"]): s["cpu_ns"] for s in
@@ -101,6 +104,10 @@ class TestKafkaTier:
                 "SELECT trace_id, span_id, cpu_ns FROM spanprof.span_attribution_totals"
             ).result_rows)
             assert rows == dict(truth)
+            # the samples' rows named their spans (seen earlier on the same partitions), so
+            # the per-operation aggregates hold all the CPU too
+            assert ch.query("SELECT sum(cpu_ns), uniqExactMerge(calls) FROM spanprof.op_minute"
+                            ).result_rows == [(sum(truth.values()), 20)]
 
 
 class TestBrokerOutage:

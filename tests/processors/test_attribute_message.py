@@ -40,3 +40,21 @@ class TestAttributeMessage:
         span = Span(T, S1, b"", "GET /", 2, "svc", 10, 60)
         (row,) = attribute_message(SpanBatch([span]), 5).attributions
         assert (row.span_known, row.name, row.duration_ns, row.cpu_ns) == (True, "GET /", 50, 0)
+
+    def test_rows_of_samples_name_spans_the_worker_has_seen(self) -> None:
+        """With the spans of earlier messages remembered, sample rows carry their span's
+        operation, time and trace (span-only samples too), so their CPU reaches the
+        per-operation aggregates; unknown spans stay unknown; the memory is bounded."""
+        from processors.correlate.state import SpanLookup, span_lookup_add
+
+        seen: SpanLookup = {}
+        span_lookup_add(seen, SpanBatch([Span(T, S1, b"", "GET /", 2, "svc", 10, 60),
+                                         Span(T, S2, S1, "db", 3, "svc", 20, 30)]), bound=10)
+        rows = {a.span_id: a for a in attribute_message(_samples(), 9, seen).attributions}
+        assert (rows[S1].name, rows[S1].start_ns, rows[S1].span_known, rows[S1].cpu_ns) == \
+            ("GET /", 10, True, 12)
+        assert (rows[S2].trace_id, rows[S2].name, rows[S2].span_known) == (T, "db", True)
+        assert attribute_message(_samples(), 9, {}).attributions[0].span_known is False
+        span_lookup_add(seen, SpanBatch([Span(T, bytes([i]) * 8, b"", "x", 1, "svc", 0, 1)
+                                         for i in range(20, 40)]), bound=10)
+        assert len(seen) == 10 and S1 not in seen
