@@ -130,6 +130,7 @@ class SpanprofProcess:
         return f"http://127.0.0.1:{self.admin_port}"
 
     def start(self, timeout: float = 60.0) -> None:
+        _STARTED.append(self)
         env = dict(os.environ, MALLOC_TRIM_THRESHOLD_="268435456")
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
@@ -168,6 +169,21 @@ class SpanprofProcess:
                 self.proc.kill()
             self._log.close()
         return rc
+
+
+_STARTED: list[SpanprofProcess] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_process_outlives_its_test() -> Iterator[None]:
+    """A test that fails half-way leaves no `spanprof run` behind (it would hold ports,
+    CPU and the embedded engine's files for the rest of the session)."""
+    yield
+    while _STARTED:
+        p = _STARTED.pop()
+        if p.proc is not None and p.proc.poll() is None:
+            p.proc.kill()
+            p.proc.wait(timeout=30)
 
 
 @pytest.fixture
