@@ -235,7 +235,8 @@ class CorrelatorState:
     late: dict[Key, _Pending] = field(default_factory=dict)  # info kept with the data
     unattributed: dict[tuple[str, int], _Acc] = field(default_factory=dict)
     trees: dict[bytes, _Tree] = field(default_factory=dict)
-    slots: dict[tuple[str, int], list[Key]] = field(default_factory=dict)
+    # (service, second) -> spans open then; a dict for O(1) removal in insertion order
+    slots: dict[tuple[str, int], dict[Key, None]] = field(default_factory=dict)
     held: deque[tuple[float, Sample, str]] = field(default_factory=deque)
     skews: dict[tuple[str, int, str], _Skew] = field(default_factory=dict)
     # span id -> trace id of known spans: samples labelled with a span id alone (some
@@ -325,7 +326,7 @@ class CorrelatorState:
         first = info.start_ns // SLOT_NS
         last = min(max(first, (info.end_ns - 1) // SLOT_NS), first + MAX_SLOTS - 1)
         for slot in range(first, last + 1):
-            self.slots.setdefault((info.service, slot), []).append(key)
+            self.slots.setdefault((info.service, slot), {})[key] = None
 
     def _forget(self, key: Key, info: _SpanInfo) -> None:
         if self.trace_of.get(key[1]) == key[0]:
@@ -340,10 +341,7 @@ class CorrelatorState:
         for slot in range(first, last + 1):
             keys = self.slots.get((info.service, slot))
             if keys is not None:
-                try:
-                    keys.remove(key)
-                except ValueError:
-                    pass
+                keys.pop(key, None)
                 if not keys:
                     del self.slots[(info.service, slot)]
 
