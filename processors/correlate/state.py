@@ -699,8 +699,11 @@ def attribute_message(batch: SpanBatch | ProfileBatch, source: int,
         # operation and time, so its CPU reaches the per-operation aggregates. The row
         # stays the same on redelivery as far as ClickHouse is concerned: the message's
         # insert_deduplication_token drops the second block whatever it holds.
-        known = spans.get(k[1]) if spans is not None else None
-        if known is not None and (not k[0] or known[0] == k[0]):
+        # Only rows that carry their trace: a span-only row keeps trace '' whatever this
+        # worker knows, so that a redelivery to another worker writes the very same key
+        # (trace_id, span_id, method, source) and ReplacingMergeTree keeps one copy.
+        known = spans.get(k[1]) if spans is not None and k[0] else None
+        if known is not None and known[0] == k[0]:
             tid, info = known
             rows.append(Attribution(tid, k[1], LINK, info.service, info.name,
                                     info.parent_span_id, info.start_ns, info.duration_ns,
