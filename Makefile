@@ -26,6 +26,7 @@ bench: venv
 	$(BIN)/python bench/bench_pipeline.py
 	$(BIN)/python bench/bench_kafka.py
 	$(BIN)/python bench/accuracy.py
+	$(BIN)/python bench/bench_storage.py
 
 lint: venv
 	$(BIN)/ruff check pipeline processors tests bench
