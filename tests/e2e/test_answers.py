@@ -70,7 +70,10 @@ class TestAnswers:
         def hot() -> dict[str, object] | None:
             got = json.loads(cli(spanprof, "hot", "--service", "checkout", "--operation",
                                  "place_order", "--since", "1h", "--format", "json"))
-            return got if got["calls"] == 10 and got["cpu_ns"] == 10 * 75 * MS else None
+            # the tables of one write become visible one after another: wait for all
+            done = got["calls"] == 10 and got["cpu_ns"] == 10 * 75 * MS and \
+                sum(f["self_cpu_ns"] for f in got["functions"]) == 10 * 75 * MS
+            return got if done else None
         got = wait_until(hot, timeout=30)
         assert [(f["name"], f["self_cpu_ns"]) for f in got["functions"]] == [  # type: ignore[index]
             ("json.dumps", 600 * MS), ("cursor.execute", 100 * MS), ("render", 50 * MS)]
@@ -78,6 +81,10 @@ class TestAnswers:
         table = cli(spanprof, "hot", "--service", "checkout", "--since", "1h")
         assert table.splitlines()[2].split()[-1] == "json.dumps"
 
+        wait_until(lambda: sum(
+            f["self_cpu_ns"] for f in json.loads(cli(
+                spanprof, "hot", "--service", "checkout", "--since", "2h..1h",
+                "--format", "json"))["functions"]) == 10 * 35 * MS, timeout=30)
         d = json.loads(cli(spanprof, "diff", "--service", "checkout", "--operation",
                            "place_order", "--before", "2h..1h", "--after", "1h",
                            "--format", "json"))
@@ -89,6 +96,9 @@ class TestAnswers:
             {"cursor.execute": 0.0, "render": 0.0}
 
         # one span's flame graph: the hot function is the widest frame under the root
+        tid101 = (101).to_bytes(16, "big").hex()
+        wait_until(lambda: spanprof.get(f"/api/v1/stacks?trace_id={tid101}&span_id="
+                                        f"{after[0].hex()}")["cpu_ns"] == 75 * MS, timeout=30)
         svg = tmp_path / "span.svg"
         cli(spanprof, "flamegraph", "--trace", (101).to_bytes(16, "big").hex(), "--span",
             after[0].hex(), "-o", str(svg))
