@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from collections import Counter
+from typing import Any
+
 from aiohttp import web
 
 from pipeline.errors import ConfigError, TooLarge
 from pipeline.receivers.limits import gunzip_limited
+from pipeline.registry import Context
 
 
 def check_endpoint(endpoint: str, key: str = "endpoint") -> None:
@@ -51,3 +55,39 @@ async def read_body(request: web.Request, max_request_bytes: int,
         body = gunzip_limited(body, max_decompressed_bytes, "request body",
                               "max_decompressed_bytes")
     return body
+
+
+class HttpReceiver:
+    """What the aiohttp receivers share: metrics, the server's lifecycle on
+    ``cfg.endpoint`` with ``cfg.max_decompressed_bytes``, and a repr. Subclasses add their
+    routes in ``routes`` and say where their endpoint key sits (``endpoint_key``) and what
+    their log events are called (``event``)."""
+
+    endpoint_key = "endpoint"
+    event = "http"
+
+    def __init__(self, cfg: Any, ctx: Context) -> None:
+        self.cfg = cfg
+        self.ctx = ctx
+        self.log = ctx.log
+        self.metrics: Counter[str] = Counter()
+        self._runner: web.AppRunner | None = None
+        self.port: int | None = None
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.ctx.id} port={self.port} {dict(self.metrics)}>"
+
+    def routes(self, app: web.Application) -> None:
+        raise NotImplementedError
+
+    async def start(self) -> None:
+        app = app_for(self.cfg.max_decompressed_bytes)
+        self.routes(app)
+        self._runner, self.port = await serve(app, self.cfg.endpoint,
+                                              f"receivers.{self.ctx.id}.{self.endpoint_key}")
+        self.log.info(f"{self.event}_listening", endpoint=self.cfg.endpoint, port=self.port)
+
+    async def shutdown(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()  # finishes requests in flight
+            self._runner = None

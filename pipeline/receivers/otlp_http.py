@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import base64
 import json
-from collections import Counter
 from typing import Any
 
 import msgspec
@@ -27,9 +26,8 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as tps
 from pipeline.errors import InvalidData, Retryable, TooLarge
 from pipeline.otlp.profiles import decode_profiles
 from pipeline.otlp.traces import decode_traces
-from pipeline.receivers.http import app_for, check_endpoint, read_body, serve
+from pipeline.receivers.http import HttpReceiver, check_endpoint, read_body
 from pipeline.receivers.limits import check_items, count_items
-from pipeline.registry import Context
 
 ROUTES: dict[str, tuple[str, Any, Any, str]] = {
     "/v1/traces": ("traces", tps.ExportTraceServiceRequest, decode_traces, "rejected_spans"),
@@ -70,26 +68,15 @@ class HttpConfig(msgspec.Struct, forbid_unknown_fields=True):
         check_endpoint(self.endpoint, f"{key}.endpoint")
 
 
-class HttpServer:
-    def __init__(self, cfg: HttpConfig, ctx: Context) -> None:
-        self.cfg = cfg
-        self.ctx = ctx
-        self.log = ctx.log
-        self.metrics: Counter[str] = Counter()
-        self._runner: web.AppRunner | None = None
-        self.port: int | None = None
+class HttpServer(HttpReceiver):
+    endpoint_key = "protocols.http.endpoint"
+    event = "otlp_http"
+    cfg: HttpConfig
 
-    def __repr__(self) -> str:
-        return f"<HttpServer {self.ctx.id} port={self.port} {dict(self.metrics)}>"
-
-    async def start(self) -> None:
-        app = app_for(self.cfg.max_decompressed_bytes)
+    def routes(self, app: web.Application) -> None:
         for path, (signal, *_rest) in ROUTES.items():
             if signal in self.ctx.next:
                 app.router.add_post(path, self.export)
-        self._runner, self.port = await serve(app, self.cfg.endpoint,
-                                              f"receivers.{self.ctx.id}.protocols.http.endpoint")
-        self.log.info("otlp_http_listening", endpoint=self.cfg.endpoint, port=self.port)
 
     def _error(self, status: int, message: str, is_json: bool,
                headers: dict[str, str] | None = None) -> web.Response:
@@ -152,8 +139,3 @@ class HttpServer:
         if is_json:
             return web.json_response(json_format.MessageToDict(out))
         return web.Response(body=out.SerializeToString(), content_type="application/x-protobuf")
-
-    async def shutdown(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None

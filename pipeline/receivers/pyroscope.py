@@ -20,7 +20,6 @@ JSON on the push path), 413 for limits, 503 with ``Retry-After`` when downstream
 from __future__ import annotations
 
 import json
-from collections import Counter
 from typing import Any
 
 import msgspec
@@ -31,7 +30,7 @@ from pipeline.errors import InvalidData, Retryable, TooLarge
 from pipeline.otlp.common import UNKNOWN_SERVICE
 from pipeline.pyroscope.messages import PushRequest, PushResponse
 from pipeline.pyroscope.pprof import decode_pprof
-from pipeline.receivers.http import app_for, check_endpoint, read_body, serve
+from pipeline.receivers.http import HttpReceiver, check_endpoint, read_body
 from pipeline.receivers.limits import check_items
 from pipeline.records import ProfileBatch
 from pipeline.registry import Context, Factory
@@ -53,25 +52,13 @@ class Config(msgspec.Struct, forbid_unknown_fields=True):
         check_endpoint(self.endpoint)
 
 
-class PyroscopeReceiver:
-    def __init__(self, cfg: Config, ctx: Context) -> None:
-        self.cfg = cfg
-        self.ctx = ctx
-        self.log = ctx.log
-        self.metrics: Counter[str] = Counter()
-        self._runner: web.AppRunner | None = None
-        self.port: int | None = None
+class PyroscopeReceiver(HttpReceiver):
+    event = "pyroscope"
+    cfg: Config
 
-    def __repr__(self) -> str:
-        return f"<PyroscopeReceiver {self.ctx.id} port={self.port} {dict(self.metrics)}>"
-
-    async def start(self) -> None:
-        app = app_for(self.cfg.max_decompressed_bytes)
+    def routes(self, app: web.Application) -> None:
         app.router.add_post(PUSH_PATH, self.push)
         app.router.add_post("/ingest", self.ingest)
-        self._runner, self.port = await serve(app, self.cfg.endpoint,
-                                              f"receivers.{self.ctx.id}.endpoint")
-        self.log.info("pyroscope_listening", endpoint=self.cfg.endpoint, port=self.port)
 
     async def _body(self, request: web.Request) -> bytes:
         return await read_body(request, self.cfg.max_request_bytes,
@@ -173,11 +160,6 @@ class PyroscopeReceiver:
             await self._deliver([decode_pprof(data, service, self.cfg.max_decompressed_bytes,
                                               sample_types)])
         return await self._handle(work, connect=False)
-
-    async def shutdown(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()  # finishes requests in flight
-            self._runner = None
 
 
 def create(cfg: Config, ctx: Context) -> PyroscopeReceiver:
