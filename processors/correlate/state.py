@@ -471,12 +471,20 @@ class CorrelatorState:
             acc = self.unattributed[ukey] = _Acc(now, smp.service)
         _add(acc.m(LINK), smp.measure, smp.value, smp.count, None)
 
+    def _pop_orphan(self, key: Key) -> _Acc:
+        """Take an orphan out for reporting: its span never came (or memory is short), so
+        its timed samples go on the label as they are."""
+        orphan = self.orphans.pop(key)
+        for smp, leaf in orphan.timed:
+            _add(orphan.acc.m(LINK), smp.measure, smp.value, smp.count, leaf, smp.stack_id)
+        self._orphan_timed -= len(orphan.timed)
+        return orphan.acc
+
     def _place_held(self, now: float, force: bool) -> None:
         held = self.held
         due: list[tuple[Sample, str]] = []
         while held and (force or held[0][0] + self.grace <= now
-                        or len(self.spans) + len(self.orphans) + len(self.late) + len(held)
-                        + self._orphan_timed > self.max_entries):
+                        or self.entries > self.max_entries):
             _, smp, leaf = held.popleft()
             due.append((smp, leaf))
         # first learn the clock skew from the labelled ones, then place them all
@@ -516,11 +524,7 @@ class CorrelatorState:
         self.late.clear()
         for key in [k for k, o in self.orphans.items()
                     if force or o.acc.since + self.orphan_timeout <= now]:
-            orphan = self.orphans.pop(key)
-            for smp, leaf in orphan.timed:  # its span never came: on the label, as is
-                _add(orphan.acc.m(LINK), smp.measure, smp.value, smp.count, leaf, smp.stack_id)
-            self._orphan_timed -= len(orphan.timed)
-            rows.extend(_rows(key, None, orphan.acc))
+            rows.extend(_rows(key, None, self._pop_orphan(key)))
             self.stats.orphans_reported += 1
 
         unattributed = []
@@ -561,11 +565,7 @@ class CorrelatorState:
                 break
             _, kind, key = min(heads)
             if kind == "orphan":
-                orphan = self.orphans.pop(key)
-                for smp, leaf in orphan.timed:
-                    _add(orphan.acc.m(LINK), smp.measure, smp.value, smp.count, leaf, smp.stack_id)
-                self._orphan_timed -= len(orphan.timed)
-                self._evicted.append((key, None, orphan.acc))
+                self._evicted.append((key, None, self._pop_orphan(key)))
             else:
                 p = (self.spans if kind == "span" else self.late).pop(key)
                 self._evicted.append((key, p.info, p.acc))
