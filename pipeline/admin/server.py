@@ -102,26 +102,15 @@ class AdminServer:
         return str(self.db.cfg.database)
 
     async def spans(self, request: web.Request) -> web.Response:
-        if self.db is None:
-            return _error(404, "no clickhouse exporter in this pipeline: nothing to query")
-        q = request.query
-        order = q.get("order", "cpu")
-        if order not in ("cpu", "inclusive", "duration", "off_cpu"):
-            return _error(400, "order: expected cpu, inclusive, duration or off_cpu")
-        try:
-            queries.methods_of(q.get("method", "exact"))
-        except ValueError as err:
-            return _error(400, str(err))
-        try:
-            limit = int(q.get("limit", "20"))
-        except ValueError:
-            return _error(400, "limit: expected an integer")
-        if not 1 <= limit <= MAX_LIMIT:
-            return _error(400, f"limit: expected 1..{MAX_LIMIT}")
-        spans = await queries.top_spans(self.db, self._database(), order=order, limit=limit,
-                                        service=q.get("service") or None,
-                                        method=q.get("method", "exact"))
-        return _json({"spans": spans})
+        async def work(q: Any, now: float) -> Any:
+            order = q.get("order", "cpu")
+            if order not in ("cpu", "inclusive", "duration", "off_cpu"):
+                raise _BadRequest("order: expected cpu, inclusive, duration or off_cpu")
+            queries.methods_of(q.get("method", "exact"))  # ValueError -> 400, before limit
+            return {"spans": await queries.top_spans(
+                self._db(), self._database(), order=order, limit=_limit(q),
+                service=q.get("service") or None, method=q.get("method", "exact"))}
+        return await self._answer(request, work)
 
     async def _answer(self, request: web.Request, work: Any) -> web.Response:
         if self.db is None:
