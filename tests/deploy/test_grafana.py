@@ -31,6 +31,7 @@ from pipeline.records import (
 )
 from pipeline.registry import Context
 from tests.conftest import ROOT, clickhouse
+from tests.pipeline.test_flamegraph import children_value
 
 GRAFANA = ROOT / "deploy" / "grafana"
 PLUGIN = "grafana-clickhouse-datasource"
@@ -444,14 +445,9 @@ def check_nested_set(res: Result) -> list[tuple[int, int, int, str]]:
     for prev, cur in zip(rows, rows[1:], strict=False):
         assert 1 <= cur[0] <= prev[0] + 1, f"level jump {prev} -> {cur}"
     # inclusive: each frame is its self plus its children
-    for i, (level, value, self_, _) in enumerate(rows):
+    for i, (_, value, self_, _) in enumerate(rows):
         assert value >= self_
-        children = 0
-        for lv, v, _s, _lb in rows[i + 1:]:
-            if lv <= level:
-                break
-            if lv == level + 1:
-                children += v
+        children = children_value(rows, i)
         assert value == self_ + children, f"row {i} {rows[i]}: children add to {children}"
     return rows
 

@@ -29,48 +29,6 @@ ITERATIONS = 6
 CRUNCH_MS = 300
 IDLE_MS = 200
 
-# the pipeline of config/local.yaml: OTLP over gRPC and HTTP, and the Pyroscope receiver
-CONFIG = """
-receivers:
-  otlp:
-    protocols:
-      grpc:
-        endpoint: 127.0.0.1:{grpc_port}
-      http:
-        endpoint: 127.0.0.1:{http_port}
-  pyroscope:
-    endpoint: 127.0.0.1:{pyroscope_port}
-processors:
-  batch:
-    timeout: 50ms
-connectors:
-  spancorrelator:
-    grace: 1s
-    flush_interval: 200ms
-exporters:
-  clickhouse:
-    endpoint: chdb://{data}
-    flush_interval: 200ms
-service:
-  admin:
-    endpoint: 127.0.0.1:{admin_port}
-  telemetry:
-    logs:
-      encoding: json
-  pipelines:
-    traces:
-      receivers: [otlp]
-      processors: [batch]
-      exporters: [clickhouse, spancorrelator]
-    profiles:
-      receivers: [otlp, pyroscope]
-      exporters: [clickhouse, spancorrelator]
-    attributions:
-      receivers: [spancorrelator]
-      exporters: [clickhouse]
-"""
-
-
 def run_app(sp: SpanprofProcess, protocol: str, service: str) -> dict[str, list[list[str]]]:
     """sdk_app.py against ``sp``; returns the hex (trace_id, span_id) of its spans."""
     endpoint = sp.http_url if protocol == "http" else sp.grpc_target
@@ -123,7 +81,7 @@ class TestRealSdks:
         top function and most of their duration as CPU (joined by the span_id/trace_id
         labels ``pyroscope-otel`` puts on the samples); root spans that sleep get almost
         none. Spans exported over OTLP/``protocol``, profiles pushed by the Pyroscope SDK."""
-        sp = SpanprofProcess(tmp_path, config_text=CONFIG)
+        sp = SpanprofProcess(tmp_path)  # OTLP gRPC + HTTP and Pyroscope, as config/local.yaml
         sp.start()
         try:
             service = f"sdk-app-{protocol}"

@@ -7,6 +7,7 @@ import random
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -107,14 +108,20 @@ class TestNestedSet:
     def test_value_is_self_plus_children(self) -> None:
         """In every row, value = self + the values of the rows one level below it."""
         rows = nested_set(build(STACKS + [(["x", "y", "z"], 9), (["x", "w"], 2)]))
-        for i, (level, value, self_, _) in enumerate(rows):
-            kids = 0
-            for lv, v, _s, _l in rows[i + 1:]:
-                if lv <= level:
-                    break
-                if lv == level + 1:
-                    kids += v
-            assert value == self_ + kids
+        for i, (_, value, self_, _) in enumerate(rows):
+            assert value == self_ + children_value(rows, i)
+
+
+def children_value(rows: Sequence[tuple[int, int, int, str]], i: int) -> int:
+    """In nested-set rows (level, value, self, label), the sum of row ``i``'s children's
+    values (the rows one level below it, before the next row at its level or above)."""
+    level, total = rows[i][0], 0
+    for lv, v, *_ in rows[i + 1:]:
+        if lv <= level:
+            break
+        if lv == level + 1:
+            total += v
+    return total
 
 
 class TestRenderSvg:
