@@ -105,8 +105,11 @@ class SpanBatch(msgspec.Struct):
     # the requests as received, for exporters that pass OTLP on (Kafka) without re-encoding,
     # each with the (resource, scope, item) paths the receiver refused
     sources: list[tuple[Any, list[tuple[int, int, int]]]] = []
-    # "topic/partition/offset" of the one Kafka message this batch was decoded from
+    # from Kafka: the insert block this batch is (``pipeline.kafka.blocks``: its
+    # deduplication token), and per message in it, in order, its "topic/partition/offset"
+    # and how many items it holds
     origin: str = ""
+    parts: list[tuple[str, int]] = []
 
     def __len__(self) -> int:
         return len(self.spans)
@@ -119,6 +122,7 @@ class ProfileBatch(msgspec.Struct):
     signal: Signal = "profiles"
     sources: list[tuple[Any, list[tuple[int, int, int]]]] = []
     origin: str = ""
+    parts: list[tuple[str, int]] = []
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -174,6 +178,9 @@ class AttributionBatch(msgspec.Struct):
     unattributed: list[Unattributed] = []
 
     signal: Signal = "attributions"
+    # the Kafka block these rows derive from: inserted under its token, so that a block
+    # delivered again reaches the aggregates once
+    origin: str = ""
 
     def __len__(self) -> int:
         return len(self.attributions) + len(self.unattributed)

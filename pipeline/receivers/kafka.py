@@ -12,15 +12,19 @@ any producer)::
         traces: {topic: otlp_spans}
         profiles: {topic: otlp_profiles}
         max_poll_records: 2000
+        block_items: 20000           # spans or samples per insert block
 
-Each message becomes one batch that names it (``origin``); the offsets of a fetch are
-committed only after all its batches were consumed downstream, i.e. are durable, including
-the correlator's attribution rows derived from them. When downstream refuses (``Retryable``),
-the partitions are paused, the consumer seeks back to the first unconsumed offset and
-resumes after a backoff: nothing is buffered without bound and no partition stays paused.
-Both topics are read with the range assignor, which gives one worker the same partitions of
-both, so a trace's spans and samples meet in one worker; start-up fails if the two topics'
-partition counts differ. A message that is not valid OTLP is logged, counted and skipped.
+Messages are grouped into insert blocks per partition (``block_items`` spans or samples
+each), planned in the offset commit's metadata before they are delivered, so that after a
+crash whoever reads them again builds the same blocks and ClickHouse deduplicates them
+whole (``pipeline.kafka.blocks``). The offsets are committed only after every block was
+consumed downstream, i.e. is durable, including the correlator's attribution rows derived
+from it. When downstream refuses (``Retryable``), the partitions are paused, the consumer
+seeks back to the first unconsumed offset and resumes after a backoff, keeping the plan:
+nothing is buffered without bound and no partition stays paused. Both topics are read with
+the range assignor, which gives one worker the same partitions of both, so a trace's spans
+and samples meet in one worker; start-up fails if the two topics' partition counts differ.
+A message that is not valid OTLP is logged, counted and skipped.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import asyncio
 from collections import Counter
 from typing import Any, Literal
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from aiokafka.errors import KafkaError
 from google.protobuf.message import DecodeError
@@ -40,6 +44,7 @@ from pipeline.component import raise_worst
 from pipeline.config import Duration
 from pipeline.errors import ConfigError, InvalidData, Retryable
 from pipeline.kafka import ClientConfig
+from pipeline.kafka.blocks import Block, Entry, PartitionBlocks, decode_plan, encode_plan
 from pipeline.otlp.profiles import decode_profiles
 from pipeline.otlp.traces import decode_traces
 from pipeline.records import ProfileBatch, SpanBatch
@@ -50,6 +55,8 @@ class Config(ClientConfig, forbid_unknown_fields=True):
     group_id: str = "spanprof-correlator"
     initial_offset: Literal["earliest", "latest"] = "earliest"
     max_poll_records: int = 2000
+    # items (spans or samples) per insert block; a block is what is deduplicated as one
+    block_items: int = 20_000
     check_copartitioning: bool = True
     # how soon the group notices a dead worker and hands its partitions to the others
     session_timeout: Duration = Duration(10.0)
@@ -60,6 +67,39 @@ class Config(ClientConfig, forbid_unknown_fields=True):
             raise ConfigError("brokers: at least one broker is required")
         if self.max_poll_records < 1:
             raise ConfigError("max_poll_records: must be at least 1")
+        if self.block_items < 1:
+            raise ConfigError("block_items: must be at least 1")
+
+
+class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
+    """Partitions taken away: their plans and held messages are the next owner's now."""
+
+    def __init__(self, receiver: KafkaReceiver) -> None:
+        self.receiver = receiver
+
+    async def on_partitions_revoked(self, revoked: Any) -> None:
+        self.receiver._forget(revoked)
+
+    async def on_partitions_assigned(self, assigned: Any) -> None:
+        self.receiver._forget(assigned)  # read afresh from the committed plan
+
+
+def merge_block(block: Block, signal: str) -> SpanBatch | ProfileBatch | None:
+    """The messages of one block as one batch named by the block's token; ``parts`` keeps
+    each message's name and size, so that rows derived per message can still name it."""
+    got = [e for e in block.entries if e.batch is not None]
+    if not got:
+        return None
+    parts = [(f"{block.topic}/{block.partition}/{e.offset}", e.items) for e in got]
+    sources = [src for e in got for src in e.batch.sources]
+    if signal == "traces":
+        return SpanBatch([s for e in got for s in e.batch.spans], sources=sources,
+                         origin=block.token, parts=parts)
+    stacks: dict[int, Any] = {}
+    for e in got:
+        stacks.update(e.batch.stacks)
+    return ProfileBatch([x for e in got for x in e.batch.samples], stacks, sources=sources,
+                        origin=block.token, parts=parts)
 
 
 class KafkaReceiver:
@@ -72,6 +112,7 @@ class KafkaReceiver:
         self._task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
         self._stopped = False
+        self._parts: dict[TopicPartition, PartitionBlocks] = {}
         self.topics: dict[str, str] = {}
         if "traces" in ctx.next:
             self.topics[cfg.traces.topic] = "traces"
@@ -83,7 +124,7 @@ class KafkaReceiver:
 
     async def start(self) -> None:
         self.consumer = AIOKafkaConsumer(
-            *self.topics, bootstrap_servers=self.cfg.brokers, client_id=self.cfg.client_id,
+            bootstrap_servers=self.cfg.brokers, client_id=self.cfg.client_id,
             group_id=self.cfg.group_id, enable_auto_commit=False,
             auto_offset_reset=self.cfg.initial_offset,
             partition_assignment_strategy=(RangePartitionAssignor,),
@@ -91,6 +132,7 @@ class KafkaReceiver:
             session_timeout_ms=int(self.cfg.session_timeout * 1000),
             heartbeat_interval_ms=int(self.cfg.heartbeat_interval * 1000),
             request_timeout_ms=int(self.cfg.timeout * 1000) + 30_000)
+        self.consumer.subscribe(list(self.topics), listener=_Rebalance(self))
         try:
             await self.consumer.start()
             if self.cfg.check_copartitioning and len(self.topics) > 1:
@@ -134,6 +176,34 @@ class KafkaReceiver:
                           reason=d.message[:300])
         return d.batch  # type: ignore[no-any-return]
 
+    def _entry(self, topic: str, rec: Any) -> Entry:
+        batch = self._decode(topic, rec.value)
+        if batch is not None and not len(batch):
+            batch = None
+        return Entry(rec.offset, rec.value, batch, len(batch) if batch is not None else 0)
+
+    async def _load_plans(self, tps: list[TopicPartition]) -> None:
+        """State for partitions new to this worker, with the plan their last owner
+        committed (see ``pipeline.kafka.blocks``)."""
+        assert self.consumer is not None
+        new = [tp for tp in tps if tp not in self._parts]
+        if not new:
+            return
+        # aiokafka's public committed() drops the metadata; its coordinator returns both
+        committed = await self.consumer._coordinator.fetch_committed_offsets(new)
+        for tp in new:
+            part = PartitionBlocks(tp.topic, tp.partition, self.cfg.block_items)
+            om = committed.get(tp)
+            part.plan.extend(decode_plan(om.metadata if om is not None else None))
+            if part.plan:
+                self.log.info("kafka_plan_resumed", topic=tp.topic, partition=tp.partition,
+                              ranges=len(part.plan), first=part.plan[0][0])
+            self._parts[tp] = part
+
+    def _forget(self, tps: Any) -> None:
+        for tp in tps:
+            self._parts.pop(tp, None)
+
     async def _run(self) -> None:
         assert self.consumer is not None
         consumer = self.consumer
@@ -141,60 +211,99 @@ class KafkaReceiver:
         while not self._stopping.is_set():
             try:
                 fetched = await consumer.getmany(timeout_ms=500)
+                await self._load_plans(list(fetched))
             except KafkaError as err:
                 self.log.warning("kafka_fetch_failed", error=str(err))
                 await asyncio.sleep(1.0)
                 continue
-            if not fetched:
+            # partitions paused with messages held (below) go on from those
+            work = {**{tp: [] for tp, p in self._parts.items() if p.held}, **fetched}
+            if not work:
                 continue
-            by_signal: dict[str, list[Any]] = {}
-            first: dict[TopicPartition, int] = {}
-            last: dict[TopicPartition, int] = {}
-            for tp, records in fetched.items():
-                first[tp] = records[0].offset
-                last[tp] = records[-1].offset
-                for rec in records:
-                    batch = self._decode(tp.topic, rec.value)
-                    if batch is not None and len(batch):
-                        batch.origin = f"{tp.topic}/{tp.partition}/{rec.offset}"
-                        by_signal.setdefault(self.topics[tp.topic], []).append(batch)
+            # per partition: its state, the blocks complete now, where to rewind to
+            rounds: dict[TopicPartition, tuple[PartitionBlocks, list[Block], int]] = {}
+            for tp, records in work.items():
+                part = self._parts.get(tp)
+                if part is None:  # revoked while its plan was read: the next owner's
+                    continue
+                rewind_to = part.held[0].offset if part.held else records[0].offset
+                blocks = part.cut([self._entry(tp.topic, r) for r in records])
+                rounds[tp] = (part, blocks, rewind_to)
+                # messages held beyond what the metadata can plan: read no more for now
+                # (not while a planned range waits for its last messages: they must come)
+                if len(part.held) > self.cfg.max_poll_records and not part.plan:
+                    consumer.pause(tp)
+                elif tp in consumer.paused():
+                    consumer.resume(tp)
             try:
-                # spans before samples: the correlator then sees a trace's span first
-                # one batch per message, so that what is derived from a message can name it
-                # (exactly-once attribution); sent together, they share ClickHouse inserts
-                for signal in ("traces", "profiles"):
-                    batches = by_signal.get(signal, [])
-                    results = await asyncio.gather(
-                        *(self.ctx.next[signal].consume(b) for b in batches),
-                        return_exceptions=True)
-                    raise_worst(results)
-                    self.metrics[f"accepted_{'spans' if signal == 'traces' else 'samples'}"] \
-                        += sum(len(b) for b in batches)
-            except (Retryable, InvalidData) as err:
+                await self._plan(rounds)
+                await self._deliver(rounds)
+            except (Retryable, InvalidData, KafkaError) as err:
                 if isinstance(err, InvalidData):
                     self.log.error("kafka_batch_refused", error=str(err))  # not retryable
                 else:
-                    # pause, rewind to what is not yet delivered, resume after a backoff
+                    # pause, rewind to what is not yet delivered, resume after a backoff;
+                    # the planned ranges stay, so the same blocks are built again
                     self.log.warning("kafka_downstream_refused", error=str(err),
                                      retry_in_s=backoff)
-                    consumer.pause(*fetched)
-                    for tp, off in first.items():
-                        consumer.seek(tp, off)
+                    consumer.pause(*rounds)
+                    for tp, (part, blocks, rewind_to) in rounds.items():
+                        part.plan.extendleft((b.first, b.last) for b in reversed(blocks))
+                        part.held = []
+                        consumer.seek(tp, rewind_to)
                     try:
                         await asyncio.wait_for(self._stopping.wait(), timeout=backoff)
                     except TimeoutError:
                         pass
-                    consumer.resume(*fetched)
+                    consumer.resume(*rounds)
                     backoff = min(backoff * 2, 30.0)
                     continue
             backoff = 0.5
-            try:
-                await consumer.commit({tp: off + 1 for tp, off in last.items()})
-                self.metrics["committed_messages"] += sum(
-                    last[tp] - first[tp] + 1 for tp in last)
-            except KafkaError as err:
-                # the data is durable; a lost commit only means a redelivery after restart
-                self.log.warning("kafka_commit_failed", error=str(err))
+            await self._commit(rounds)
+
+    async def _plan(self, rounds: dict[TopicPartition, tuple[PartitionBlocks, list[Block], int]]
+                    ) -> None:
+        """Step 1: the ranges about to be inserted, in the offset commit's metadata, so that
+        whoever reads these messages again builds the same blocks."""
+        assert self.consumer is not None
+        plans = {tp: (blocks[0].first, encode_plan(
+            [*((b.first, b.last) for b in blocks), *part.plan]))
+            for tp, (part, blocks, _) in rounds.items()
+            if blocks and self._parts.get(tp) is part}
+        if plans:
+            await self.consumer.commit(plans)
+
+    async def _deliver(self, rounds: dict[TopicPartition,
+                                          tuple[PartitionBlocks, list[Block], int]]) -> None:
+        """Step 2: one batch per block, spans before samples (the correlator then sees a
+        trace's span first); all sent together so that they share ClickHouse inserts."""
+        for signal in ("traces", "profiles"):
+            batches = [b for tp, (_, blocks, _) in rounds.items()
+                       if self.topics[tp.topic] == signal
+                       for b in (merge_block(blk, signal) for blk in blocks) if b is not None]
+            results = await asyncio.gather(
+                *(self.ctx.next[signal].consume(b) for b in batches), return_exceptions=True)
+            raise_worst(results)
+            self.metrics[f"accepted_{'spans' if signal == 'traces' else 'samples'}"] += \
+                sum(len(b) for b in batches)
+            self.metrics["blocks"] += len(batches)
+
+    async def _commit(self, rounds: dict[TopicPartition,
+                                         tuple[PartitionBlocks, list[Block], int]]) -> None:
+        """Step 3: the offset after the last block, and what is left of the plan."""
+        assert self.consumer is not None
+        done = {tp: (blocks[-1].last + 1, encode_plan(part.plan))
+                for tp, (part, blocks, _) in rounds.items()
+                if blocks and self._parts.get(tp) is part}  # not revoked meanwhile
+        if not done:
+            return
+        try:
+            await self.consumer.commit(done)
+            self.metrics["committed_messages"] += sum(
+                len(b.entries) for tp in done for b in rounds[tp][1])
+        except KafkaError as err:
+            # the data is durable; a lost commit means a redelivery of the same blocks
+            self.log.warning("kafka_commit_failed", error=str(err))
 
     async def shutdown(self) -> None:
         if self._stopped:

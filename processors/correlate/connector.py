@@ -16,10 +16,11 @@ pipelines and the receiver of an ``attributions`` pipeline::
         profiles:     {receivers: [otlp], exporters: [clickhouse, spancorrelator]}
         attributions: {receivers: [spancorrelator], exporters: [clickhouse]}
 
-Batches from the Kafka receiver (``origin`` set) take another path: their rows are a pure
-function of the message and are written before ``consume`` returns, so that the receiver
-commits the offset only once the attribution is durable (exactly once after crashes, see
-``state.attribute_message``).
+Batches from the Kafka receiver (``origin`` set: one insert block of many messages) take
+another path: their rows are a pure function of each message, are sent on as one batch
+under the block's name and are written before ``consume`` returns, so that the receiver
+commits the offsets only once the attribution is durable (exactly once after crashes, see
+``state.attribute_block`` and ``pipeline.kafka.blocks``).
 
 Reports that the next stage refuses stay in an outbox and are retried; while the outbox is
 over ``max_entries`` rows, new input is refused with a retryable error (explicit
@@ -41,8 +42,7 @@ from pipeline.registry import Context, Factory
 from processors.correlate.state import (
     CorrelatorState,
     SpanLookup,
-    attribute_message,
-    source_id,
+    attribute_block,
     span_lookup_add,
 )
 
@@ -97,9 +97,9 @@ class SpanCorrelator:
             raise Retryable(f"{self.ctx.id}: attribution output is backed up "
                             f"({self.outbox_rows} rows waiting); retry later", retry_after=5.0)
         if isinstance(batch, SpanBatch | ProfileBatch) and batch.origin:
-            # from Kafka: write this message's rows now, before its offset is committed
-            rows = attribute_message(batch, source_id(batch.origin), self._seen_spans)
-            await self.ctx.next["attributions"].consume(rows)
+            # from Kafka: write this block's rows now, before its offsets are committed
+            await self.ctx.next["attributions"].consume(
+                attribute_block(batch, self._seen_spans))
             if isinstance(batch, SpanBatch):
                 span_lookup_add(self._seen_spans, batch, self.cfg.max_entries)
             return

@@ -647,6 +647,27 @@ def source_id(origin: str) -> int:
                           "little") >> 1
 
 
+def attribute_block(batch: SpanBatch | ProfileBatch,
+                    spans: SpanLookup | None = None) -> AttributionBatch:
+    """The rows of a Kafka block: each message's rows (``attribute_message``, under the
+    message's own ``source``), as one batch named by the block, so that the exporter
+    inserts them as one deduplicated block."""
+    rows: list[Attribution] = []
+    unattributed: list[Unattributed] = []
+    parts = batch.parts or [(batch.origin, len(batch))]
+    at = 0
+    for origin, n in parts:
+        if isinstance(batch, SpanBatch):
+            piece: SpanBatch | ProfileBatch = SpanBatch(batch.spans[at:at + n])
+        else:
+            piece = ProfileBatch(batch.samples[at:at + n], batch.stacks)
+        at += n
+        got = attribute_message(piece, source_id(origin), spans)
+        rows.extend(got.attributions)
+        unattributed.extend(got.unattributed)
+    return AttributionBatch(rows, unattributed, origin=batch.origin)
+
+
 SpanLookup = dict[bytes, tuple[bytes, "_SpanInfo"]]  # span id -> (trace id, span)
 
 

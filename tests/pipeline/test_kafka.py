@@ -232,5 +232,62 @@ class TestKafkaReceiver:
                 origins.setdefault(s.span_id, set()).add(b.origin)  # type: ignore[union-attr]
         assert sorted(origins) == [(i + 1).to_bytes(8, "big") for i in range(5)]
         assert all(len(o) == 1 for o in origins.values())
-        assert all(len(b) == 1 for b in sink.batches)  # one batch per message
+        # the five messages are one block (one insert), its parts name each message
+        assert [len(b.parts) for b in sink.batches] == [5]  # type: ignore[union-attr]
         assert sink.failures == 0
+
+    async def test_blocks_planned_before_a_crash_are_rebuilt_the_same(
+            self, kafka_broker: Any, topics: tuple[str, str], raw_producer: Any) -> None:
+        """A worker takes a fetch, plans its blocks in the commit metadata, hands them on
+        and dies before committing. The next worker of the group, reading one message per
+        fetch while more messages have arrived, delivers exactly the same blocks (same
+        deduplication tokens) first, then new ones, and commits past all of them."""
+        async def send(ids: range) -> None:
+            for i in ids:
+                await raw_producer.send_and_wait(topics[0], span_request(
+                    [(i + 1).to_bytes(8, "big")]).SerializeToString(), partition=2)
+
+        await send(range(0, 8))
+        group = f"g-{uuid.uuid4().hex[:6]}"
+        hang = asyncio.Event()
+
+        class Dies(Recorder):
+            async def consume(self, batch: Batch) -> None:
+                self.batches.append(batch)
+                await hang.wait()  # the worker dies here, its rows already written
+
+        first = Dies()
+        cfg = ReceiverConfig(brokers=[kafka_broker.bootstrap], traces=TopicConfig(topics[0]),
+                             profiles=TopicConfig(topics[1]), group_id=group, block_items=3)
+        a = KafkaReceiver(cfg, Context("kafka", ["traces", "profiles"],
+                                       next={"traces": first, "profiles": first}))
+        await a.start()
+        async with asyncio.timeout(30):
+            while sum(len(b) for b in first.batches) < 8:
+                await asyncio.sleep(0.05)
+        assert a._task is not None and a.consumer is not None
+        a._task.cancel()  # no commit after the delivery
+        await a.consumer.stop()
+        await send(range(8, 12))
+
+        second = Recorder()
+        cfg2 = ReceiverConfig(brokers=[kafka_broker.bootstrap], traces=TopicConfig(topics[0]),
+                              profiles=TopicConfig(topics[1]), group_id=group, block_items=3,
+                              max_poll_records=1)
+        b = KafkaReceiver(cfg2, Context("kafka", ["traces", "profiles"],
+                                        next={"traces": second, "profiles": second}))
+        await b.start()
+        async with asyncio.timeout(30):
+            while b.metrics["committed_messages"] < 12:
+                await asyncio.sleep(0.05)
+        await b.shutdown()
+        before = [x.origin for x in first.batches]  # type: ignore[union-attr]
+        after = [x.origin for x in second.batches]  # type: ignore[union-attr]
+        assert len(before) == 3 and after[:3] == before, (before, after)
+        assert [len(x) for x in second.batches] == [3, 3, 2, 1, 1, 1, 1]
+        c = AIOKafkaConsumer(bootstrap_servers=kafka_broker.bootstrap, group_id=group)
+        await c.start()
+        try:
+            assert await c.committed(TopicPartition(topics[0], 2)) == 12
+        finally:
+            await c.stop()

@@ -175,9 +175,10 @@ class ClickHouseExporter:
         else:
             raise TypeError(type(batch))
         n = sum(len(next(iter(c.values()), [])) for c in tables.values())
-        # samples from one Kafka message: their own block, deduplicated by the message's name
-        # if it is delivered again (spans need no token: otel_traces replaces by span id)
-        token = batch.origin if isinstance(batch, ProfileBatch) and batch.origin else None
+        # a Kafka block (pipeline.kafka.blocks) and what the correlator derived from it: their
+        # own insert blocks under the block's name, which ClickHouse drops if the block is
+        # delivered again, and then does not feed to the aggregates' views either
+        token = batch.origin or None
         await self.writer.submit(tables, n, stacks, token=token)
 
     async def query(self, sql: str, parameters: dict[str, Any] | None = None

@@ -258,8 +258,9 @@ def migration_4(o: SchemaOptions) -> list[str]:
     merges the same whatever the order rows arrive in: a late sample's row adds to its
     minute, and each aggregate stays equal to a GROUP BY over the raw rows. The views
     take only rows of known spans (``span_known = 1``): CPU whose span never came has no
-    operation. A redelivered Kafka message re-inserts a block under the same
-    ``insert_deduplication_token``; ClickHouse drops it and does not feed the views either.
+    operation. A redelivered Kafka block re-inserts under the same
+    ``insert_deduplication_token``; ClickHouse drops it, and drops the views' output in
+    their targets once those keep a deduplication window (migration 6).
     """
     db = o.database
     dedup = "non_replicated_deduplication_window = 10000"
@@ -405,7 +406,19 @@ SETTINGS join_use_nulls = 0""",
     ]
 
 
-MIGRATIONS = [migration_1, migration_2, migration_3, migration_4, migration_5]
+def migration_6(o: SchemaOptions) -> list[str]:
+    """A Kafka block delivered twice reaches the aggregates once. ClickHouse deduplicates a
+    materialized view's output in its *target* table (under a token derived from the
+    source block's), and only when that table keeps a deduplication window: plain
+    MergeTree tables keep none by default, so the aggregates get one. (Observed on 26.9:
+    a block dropped as a duplicate by ``span_attribution`` still fed ``op_minute`` until
+    ``op_minute`` had a window; tests/pipeline/exporters/test_aggregates.py.)"""
+    db = o.database
+    return [f"ALTER TABLE {db}.{t} MODIFY SETTING non_replicated_deduplication_window = 10000"
+            for t in ("op_minute", "op_calls", "fn_minute", "op_stacks_minute")]
+
+
+MIGRATIONS = [migration_1, migration_2, migration_3, migration_4, migration_5, migration_6]
 
 
 def bootstrap(o: SchemaOptions) -> list[str]:
@@ -479,6 +492,10 @@ def on_cluster(stmts: list[str], o: SchemaOptions) -> list[str]:
         elif m := _ALTER.match(s):
             db, name = m.groups()
             rest = s[m.end():]
+            if "MODIFY SETTING" in rest:  # a MergeTree setting: the local tables only
+                out.append(f"ALTER TABLE {db}.{name}_local ON CLUSTER {c}" + rest.replace(
+                    "non_replicated_deduplication_window", "replicated_deduplication_window"))
+                continue
             out.append(f"ALTER TABLE {db}.{name}_local ON CLUSTER {c}{rest}")
             out.append(f"ALTER TABLE {db}.{name} ON CLUSTER {c}{rest}")
         elif s.startswith("CREATE DATABASE IF NOT EXISTS "):

@@ -174,7 +174,9 @@ class Writer:
                         insert = functools.partial(
                             self.client.insert, f"{self.database}.{table}", data,
                             column_names=names, column_oriented=True,
-                            settings={"insert_deduplication_token": tok})
+                            # the views' targets deduplicate too (their own window)
+                            settings={"insert_deduplication_token": tok,
+                                      "deduplicate_blocks_in_dependent_materialized_views": 1})
                         await loop.run_in_executor(self.executor, insert)
                         gen.inserted.add(tok)
                         self.metric(f"sent_rows.{table}", len(data[0]))

@@ -8,9 +8,15 @@ import random
 from pathlib import Path
 
 from pipeline.exporters.clickhouse.exporter import ClickHouseExporter, Config
-from pipeline.records import ProfileBatch, Sample, Span, Stack
+from pipeline.records import ProfileBatch, Sample, Span, SpanBatch, Stack
 from pipeline.registry import Context
-from processors.correlate.state import CorrelatorState
+from processors.correlate.state import (
+    CorrelatorState,
+    SpanLookup,
+    attribute_block,
+    source_id,
+    span_lookup_add,
+)
 
 MS = 1_000_000
 T0 = 1_700_000_000 * 1_000_000_000
@@ -112,4 +118,51 @@ class TestAggregatesEqualRawRows:
         for table in PAIRS:
             await ex.query(f"OPTIMIZE TABLE spanprof.{table} FINAL")
         await _compare(ex)
+        await ex.shutdown()
+
+
+def _final(sql: str) -> str:
+    for t in ("span_attribution", "span_functions", "span_stacks"):
+        sql = sql.replace(f"FROM spanprof.{t} ", f"FROM spanprof.{t} FINAL ")
+    return sql
+
+
+class TestKafkaBlockDeliveredTwice:
+    async def test_redelivered_block_reaches_the_aggregates_once(self, tmp_path: Path) -> None:
+        """A Kafka worker's block (many messages, one token) written, then written again
+        after a crash: the aggregates equal the deduplicated raw rows. The same rows without
+        the block's name (a fresh insert each time) count twice, which is what the token
+        prevents."""
+        rng = random.Random(5)
+        spans, samples, stacks = workload(rng)
+        spans, samples = spans[:400], [s for s in samples if int.from_bytes(s.span_id, "big")
+                                       <= 400][:5_000]
+        ex = ClickHouseExporter(Config(endpoint=f"chdb://{tmp_path}/ch", flush_interval=0.05,
+                                       ttl=0),  # type: ignore[arg-type]
+                                Context("clickhouse", ["attributions"], data_dir=str(tmp_path)))
+        await ex.start()
+        seen: SpanLookup = {}
+        span_block = SpanBatch(spans, origin="spans/0/0-3/aa", parts=[
+            (f"spans/0/{i}", 100) for i in range(4)])
+        await ex.consume(attribute_block(span_block, seen))
+        span_lookup_add(seen, span_block, 10_000)
+        block = ProfileBatch(samples, stacks, origin="profiles/0/0-4/bb",
+                             parts=[(f"profiles/0/{i}", 1_000) for i in range(5)])
+        rows = attribute_block(block, seen)
+        assert rows.origin == block.origin and {a.source for a in rows.attributions} == {
+            source_id(f"profiles/0/{i}") for i in range(5)}
+        for _ in range(2):  # delivered, then delivered again
+            await ex.consume(attribute_block(block, seen))
+        pairs = {k: (a, _final(r)) for k, (a, r) in PAIRS.items()}
+        for name, (agg, raw) in pairs.items():
+            _, a = await ex.query(agg)
+            _, r = await ex.query(raw)
+            assert a and a == r, name
+        _, total = await ex.query("SELECT sum(cpu_ns) FROM spanprof.op_minute")
+        assert total[0][0] == sum(s.value for s in samples if s.measure == "cpu")
+        unnamed = attribute_block(block, seen)
+        unnamed.origin = ""
+        await ex.consume(unnamed)
+        _, total = await ex.query("SELECT sum(cpu_ns) FROM spanprof.op_minute")
+        assert total[0][0] == 2 * sum(s.value for s in samples if s.measure == "cpu")
         await ex.shutdown()
