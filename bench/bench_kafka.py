@@ -65,13 +65,23 @@ def main() -> None:
             n_spans = ch.query("SELECT count() FROM spanprof.otel_traces").result_rows[0][0]
             cpu = ch.query("SELECT sum(cpu_ns) FROM spanprof.span_attribution_totals"
                            ).result_rows[0][0]
+            # the aggregates against the deduplicated raw rows: a block delivered twice
+            # (the receiver re-reads after a refusal) must reach them once
+            agg = ch.query("SELECT sum(cpu_ns) FROM spanprof.op_minute").result_rows[0][0]
+            raw = ch.query("SELECT sum(cpu_ns) FROM spanprof.span_attribution FINAL "
+                           "WHERE span_known = 1").result_rows[0][0]
+            written, kept = ch.query(
+                "SELECT (SELECT count() FROM spanprof.span_attribution), "
+                "(SELECT count() FROM spanprof.span_attribution FINAL)").result_rows[0]
     print(f"\nKafka tier (broker, gateway and correlator on {os.cpu_count()} cores)")
     print(f"  gateway     OTLP/gRPC -> Kafka: {args.spans / t_spans:>10,.0f} spans/s, "
           f"{args.samples / t_samples:>10,.0f} samples/s")
     print(f"  correlator  Kafka -> ClickHouse: {(args.spans + args.samples) / t_corr:>10,.0f} "
           f"items/s ({args.spans} spans + {args.samples} samples in {t_corr:.1f}s, incl. "
           "start-up)")
-    ok = n_spans == args.spans and cpu == args.samples * 10_000_000
+    ok = n_spans == args.spans and cpu == args.samples * 10_000_000 and agg == raw
+    print(f"  attribution rows {written} written, {kept} kept; op_minute cpu {agg / 1e9:.1f}s, "
+          f"raw rows of known spans {raw / 1e9:.1f}s")
     print(f"  stored {n_spans} spans, cpu {cpu / 1e9:.1f}s -> check:", "ok" if ok else "MISMATCH")
     if not ok:
         sys.exit(1)

@@ -107,8 +107,9 @@ class KafkaBroker:
         config = self._write_config()
         if not self._formatted:
             cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
-            res = subprocess.run(self._java("kafka.tools.StorageTool", "format", "-t",
-                                            cluster_id, "-c", str(config)),
+            res = subprocess.run(self._java("kafka.tools.StorageTool", "format",
+                                            # one argument: an id may start with "-"
+                                            f"--cluster-id={cluster_id}", "-c", str(config)),
                                  capture_output=True, text=True, timeout=120)
             if res.returncode != 0:
                 raise KafkaUnavailable(f"kafka storage format failed: {res.stderr[-2000:]}")

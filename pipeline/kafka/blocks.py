@@ -23,9 +23,9 @@ assignment: the offset commit's metadata. The sequence per partition is
 A worker that starts on a partition whose committed metadata holds a plan first rebuilds
 those ranges exactly (waiting for their last message if one fetch did not bring it), and
 only then cuts new ones. An operator's offset reset writes no plan, so a deliberate replay
-is cut afresh: raw rows and per-span totals still come out once (each message's rows carry
-the message's own ``source``), but the per-operation aggregates count the replayed blocks
-again.
+is cut afresh: spans and per-span totals still come out once (tables keyed by span id, and
+each message's rows carry the message's own ``source``), but raw samples and the
+per-operation aggregates of blocks cut differently count again.
 """
 
 from __future__ import annotations
