@@ -70,6 +70,12 @@ def main() -> None:
             agg = ch.query("SELECT sum(cpu_ns) FROM spanprof.op_minute").result_rows[0][0]
             raw = ch.query("SELECT sum(cpu_ns) FROM spanprof.span_attribution FINAL "
                            "WHERE span_known = 1").result_rows[0][0]
+            # CPU rows written before their span was read (no operation: not in op_minute)
+            early = ch.query(
+                "SELECT sum(a.cpu_ns), countIf(t.SpanId != '') FROM "
+                "(SELECT trace_id, span_id, cpu_ns FROM spanprof.span_attribution FINAL "
+                " WHERE span_known = 0) AS a LEFT JOIN spanprof.otel_traces AS t "
+                "ON t.TraceId = a.trace_id AND t.SpanId = a.span_id").result_rows[0]
             written, kept = ch.query(
                 "SELECT (SELECT count() FROM spanprof.span_attribution), "
                 "(SELECT count() FROM spanprof.span_attribution FINAL)").result_rows[0]
@@ -82,6 +88,8 @@ def main() -> None:
     ok = n_spans == args.spans and cpu == args.samples * 10_000_000 and agg == raw
     print(f"  attribution rows {written} written, {kept} kept; op_minute cpu {agg / 1e9:.1f}s, "
           f"raw rows of known spans {raw / 1e9:.1f}s")
+    print(f"  CPU of samples read before their span: {(early[0] or 0) / max(cpu, 1):.1%} "
+          f"({early[1]} such rows whose span is stored)")
     print(f"  stored {n_spans} spans, cpu {cpu / 1e9:.1f}s -> check:", "ok" if ok else "MISMATCH")
     if not ok:
         sys.exit(1)

@@ -43,12 +43,14 @@ MAX_PLAN_CHARS = 3_000
 
 @dataclass(slots=True)
 class Entry:
-    """One message: its offset, its decoded batch (None: malformed or empty), its items."""
+    """One message: its offset, its decoded batch (None: malformed or empty), its items,
+    its Kafka timestamp (ms)."""
 
     offset: int
     value: bytes
     batch: Any
     items: int
+    timestamp: int = 0
 
 
 @dataclass(slots=True)
@@ -106,13 +108,14 @@ class PartitionBlocks:
     held: list[Entry] = field(default_factory=list)
     loaded: bool = False
 
-    def cut(self, entries: list[Entry]) -> list[Block]:
+    def cut(self, entries: list[Entry], until: float = float("inf")) -> list[Block]:
         """Add the messages just read; return the blocks that are complete, in order.
 
         Planned ranges come first and exactly; then new blocks of about ``block_items``
-        items (a message is never split). Messages of an incomplete planned range stay
-        held for the next fetch. New blocks are cut only while their plan fits in the
-        commit metadata; what does not fit stays held too.
+        items (a message is never split), of messages up to the first whose timestamp is
+        after ``until``. Messages of an incomplete planned range stay held for the next
+        fetch. New blocks are cut only while their plan fits in the commit metadata; what
+        does not fit, or is after ``until``, stays held too.
         """
         pending = self.held + entries
         self.held = []
@@ -137,9 +140,12 @@ class PartitionBlocks:
             self.plan.popleft()
             i = j
         planned = [(b.first, b.last) for b in blocks]
-        while i < len(pending):
+        end = i
+        while end < len(pending) and pending[end].timestamp <= until:
+            end += 1
+        while i < end:
             j, items = i, 0
-            while j < len(pending) and (j == i or items + pending[j].items <= self.block_items):
+            while j < end and (j == i or items + pending[j].items <= self.block_items):
                 items += pending[j].items
                 j += 1
             block = Block(self.topic, self.partition, pending[i].offset,

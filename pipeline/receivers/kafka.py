@@ -13,18 +13,28 @@ any producer)::
         profiles: {topic: otlp_profiles}
         max_poll_records: 2000
         block_items: 20000           # spans or samples per insert block
+        spans_ahead: 5s              # on a backlog, samples wait for spans this much newer
 
 Messages are grouped into insert blocks per partition (``block_items`` spans or samples
 each), planned in the offset commit's metadata before they are delivered, so that after a
 crash whoever reads them again builds the same blocks and ClickHouse deduplicates them
 whole (``pipeline.kafka.blocks``). The offsets are committed only after every block was
 consumed downstream, i.e. is durable, including the correlator's attribution rows derived
-from it. When downstream refuses (``Retryable``), the partitions are paused, the consumer
-seeks back to the first unconsumed offset and resumes after a backoff, keeping the plan:
-nothing is buffered without bound and no partition stays paused. Both topics are read with
+from it. A round's blocks go downstream in waves of about ``block_items`` items, so that
+the exporter's bounded queue holds them (and what the correlator derives from them). When
+downstream refuses (``Retryable``), the partitions are paused, the consumer seeks back to
+the first unconsumed offset and resumes after a backoff, keeping the plan (blocks already
+inserted are then acknowledged by the exporter without queueing them again): nothing is
+buffered without bound and no partition stays paused. Both topics are read with
 the range assignor, which gives one worker the same partitions of both, so a trace's spans
 and samples meet in one worker; start-up fails if the two topics' partition counts differ.
 A message that is not valid OTLP is logged, counted and skipped.
+
+Spans before samples: a sample's row names its span's operation (and so reaches the
+per-operation aggregates) only if the span was read first. Live, samples come seconds
+after their spans anyway; on a backlog both topics would be read side by side, so profile
+messages are held (bounded, like any held message) until the spans topic's partition was
+read ``spans_ahead`` past their Kafka timestamp, or is caught up.
 """
 
 from __future__ import annotations
@@ -50,6 +60,8 @@ from pipeline.otlp.traces import decode_traces
 from pipeline.records import ProfileBatch, SpanBatch
 from pipeline.registry import Context, Factory
 
+Batch = SpanBatch | ProfileBatch
+
 
 class Config(ClientConfig, forbid_unknown_fields=True):
     group_id: str = "spanprof-correlator"
@@ -57,6 +69,8 @@ class Config(ClientConfig, forbid_unknown_fields=True):
     max_poll_records: int = 2000
     # items (spans or samples) per insert block; a block is what is deduplicated as one
     block_items: int = 20_000
+    # on a backlog, a profile message waits until the spans topic was read this far past it
+    spans_ahead: Duration = Duration(5.0)
     check_copartitioning: bool = True
     # how soon the group notices a dead worker and hands its partitions to the others
     session_timeout: Duration = Duration(10.0)
@@ -113,6 +127,8 @@ class KafkaReceiver:
         self._stopping = asyncio.Event()
         self._stopped = False
         self._parts: dict[TopicPartition, PartitionBlocks] = {}
+        # per partition: the newest Kafka timestamp (ms) read from the spans topic
+        self._spans_read: dict[int, int] = {}
         self.topics: dict[str, str] = {}
         if "traces" in ctx.next:
             self.topics[cfg.traces.topic] = "traces"
@@ -180,7 +196,8 @@ class KafkaReceiver:
         batch = self._decode(topic, rec.value)
         if batch is not None and not len(batch):
             batch = None
-        return Entry(rec.offset, rec.value, batch, len(batch) if batch is not None else 0)
+        return Entry(rec.offset, rec.value, batch, len(batch) if batch is not None else 0,
+                     rec.timestamp)
 
     async def _load_plans(self, tps: list[TopicPartition]) -> None:
         """State for partitions new to this worker, with the plan their last owner
@@ -200,9 +217,28 @@ class KafkaReceiver:
                               ranges=len(part.plan), first=part.plan[0][0])
             self._parts[tp] = part
 
+    async def _samples_until(self, partition: int) -> float:
+        """The newest profile message (by Kafka timestamp) to deliver now: on a backlog
+        (after an outage, a replay, a backfill), samples wait until the spans topic's
+        partition was read ``spans_ahead`` past them, so that their spans are known and
+        their CPU reaches the per-operation aggregates. Caught up, nothing waits: a span
+        that is not in Kafka yet is not waited for here."""
+        if "traces" not in self.topics.values():
+            return float("inf")
+        assert self.consumer is not None
+        tp = TopicPartition(self.cfg.traces.topic, partition)
+        if tp not in self.consumer.assignment():
+            return float("inf")  # not ours (the assignor gives both or neither)
+        high = self.consumer.highwater(tp)
+        if high is not None and await self.consumer.position(tp) >= high:
+            return float("inf")
+        return self._spans_read.get(partition, -1) - self.cfg.spans_ahead * 1000
+
     def _forget(self, tps: Any) -> None:
         for tp in tps:
             self._parts.pop(tp, None)
+            if self.topics.get(tp.topic) == "traces":
+                self._spans_read.pop(tp.partition, None)
 
     async def _run(self) -> None:
         assert self.consumer is not None
@@ -222,12 +258,18 @@ class KafkaReceiver:
                 continue
             # per partition: its state, the blocks complete now, where to rewind to
             rounds: dict[TopicPartition, tuple[PartitionBlocks, list[Block], int]] = {}
-            for tp, records in work.items():
+            for tp in sorted(work, key=lambda tp: self.topics[tp.topic] != "traces"):
+                records = work[tp]
                 part = self._parts.get(tp)
                 if part is None:  # revoked while its plan was read: the next owner's
                     continue
+                if records and self.topics[tp.topic] == "traces":
+                    self._spans_read[tp.partition] = max(
+                        self._spans_read.get(tp.partition, 0), records[-1].timestamp)
                 rewind_to = part.held[0].offset if part.held else records[0].offset
-                blocks = part.cut([self._entry(tp.topic, r) for r in records])
+                until = (await self._samples_until(tp.partition)
+                         if self.topics[tp.topic] == "profiles" else float("inf"))
+                blocks = part.cut([self._entry(tp.topic, r) for r in records], until)
                 rounds[tp] = (part, blocks, rewind_to)
                 # messages held beyond what the metadata can plan: read no more for now
                 # (not while a planned range waits for its last messages: they must come)
@@ -281,12 +323,13 @@ class KafkaReceiver:
             batches = [b for tp, (_, blocks, _) in rounds.items()
                        if self.topics[tp.topic] == signal
                        for b in (merge_block(blk, signal) for blk in blocks) if b is not None]
-            results = await asyncio.gather(
-                *(self.ctx.next[signal].consume(b) for b in batches), return_exceptions=True)
-            raise_worst(results)
-            self.metrics[f"accepted_{'spans' if signal == 'traces' else 'samples'}"] += \
-                sum(len(b) for b in batches)
-            self.metrics["blocks"] += len(batches)
+            for wave in waves(batches, self.cfg.block_items):
+                results = await asyncio.gather(
+                    *(self.ctx.next[signal].consume(b) for b in wave), return_exceptions=True)
+                raise_worst(results)
+                self.metrics[f"accepted_{'spans' if signal == 'traces' else 'samples'}"] += \
+                    sum(len(b) for b in wave)
+                self.metrics["blocks"] += len(wave)
 
     async def _commit(self, rounds: dict[TopicPartition,
                                          tuple[PartitionBlocks, list[Block], int]]) -> None:
@@ -314,6 +357,22 @@ class KafkaReceiver:
             await self._task  # finishes the batch in hand, commits it
         if self.consumer is not None:
             await self.consumer.stop()
+
+
+def waves(batches: list[Batch], budget: int) -> list[list[Batch]]:
+    """Consecutive groups of about ``budget`` items (at least one batch each), sent one
+    after the other: a round of a dozen partitions' blocks at once would need a dozen
+    blocks' rows (and the correlator's rows derived from them) in the exporter's queue
+    together, more than it is allowed to hold."""
+    out: list[list[Batch]] = []
+    items = 0
+    for b in batches:
+        if not out or items + len(b) > budget:
+            out.append([])
+            items = 0
+        out[-1].append(b)
+        items += len(b)
+    return out
 
 
 def create(cfg: Config, ctx: Context) -> KafkaReceiver:

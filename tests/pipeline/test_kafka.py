@@ -21,10 +21,10 @@ from pipeline.otlp.profiles import decode_profiles
 from pipeline.otlp.traces import decode_traces
 from pipeline.receivers.kafka import Config as ReceiverConfig
 from pipeline.receivers.kafka import KafkaReceiver
-from pipeline.records import Batch
+from pipeline.records import Batch, SpanBatch
 from pipeline.registry import Context
 from tests.kafka_broker import create_topics
-from tests.pipeline.receivers.test_otlp_grpc import span_request
+from tests.pipeline.receivers.test_otlp_grpc import TID, span_request
 
 PARTITIONS = 6
 
@@ -254,7 +254,8 @@ class TestKafkaReceiver:
         class Dies(Recorder):
             async def consume(self, batch: Batch) -> None:
                 self.batches.append(batch)
-                await hang.wait()  # the worker dies here, its rows already written
+                if sum(len(b) for b in self.batches) == 8:  # blocks go one after the other
+                    await hang.wait()  # the worker dies here, its rows already written
 
         first = Dies()
         cfg = ReceiverConfig(brokers=[kafka_broker.bootstrap], traces=TopicConfig(topics[0]),
@@ -291,3 +292,81 @@ class TestKafkaReceiver:
             assert await c.committed(TopicPartition(topics[0], 2)) == 12
         finally:
             await c.stop()
+
+    async def test_on_a_backlog_samples_wait_for_their_spans(
+            self, kafka_broker: Any, topics: tuple[str, str], raw_producer: Any) -> None:
+        """A backlog on one partition pair, the samples written a moment before their spans
+        (a profiler's upload can be), read one message per fetch: every sample is delivered
+        after its span (so that its row names the span's operation), none is lost, and
+        everything is committed."""
+        n = 12
+        ids = [(i + 1).to_bytes(8, "big") for i in range(n)]
+        for sid in ids:
+            b = ProfileBuilder()
+            b.sample(["f"], 10, TID, sid, service="s")
+            await raw_producer.send_and_wait(topics[1], b.build().SerializeToString(),
+                                             partition=4)
+        for sid in ids:
+            await raw_producer.send_and_wait(topics[0], span_request([sid])
+                                             .SerializeToString(), partition=4)
+
+        class Ordered(Recorder):
+            def __init__(self) -> None:
+                super().__init__()
+                self.seen: set[bytes] = set()
+                self.early: list[bytes] = []
+
+            async def consume(self, batch: Batch) -> None:
+                if isinstance(batch, SpanBatch):
+                    self.seen |= {s.span_id for s in batch.spans}
+                else:
+                    self.early += [s.span_id for s in batch.samples  # type: ignore[union-attr]
+                                   if s.span_id not in self.seen]
+                await super().consume(batch)
+
+        sink = Ordered()
+        cfg = ReceiverConfig(brokers=[kafka_broker.bootstrap], traces=TopicConfig(topics[0]),
+                             profiles=TopicConfig(topics[1]),
+                             group_id=f"g-{uuid.uuid4().hex[:6]}", max_poll_records=1)
+        r = KafkaReceiver(cfg, Context("kafka", ["traces", "profiles"],
+                                       next={"traces": sink, "profiles": sink}))
+        await r.start()
+        async with asyncio.timeout(30):
+            while r.metrics["committed_messages"] < 2 * n:
+                await asyncio.sleep(0.05)
+        await r.shutdown()
+        assert sink.early == []
+        assert r.metrics["accepted_samples"] == n and r.metrics["accepted_spans"] == n
+
+    async def test_a_round_bigger_than_the_exporters_queue_goes_in_waves(
+            self, kafka_broker: Any, topics: tuple[str, str], raw_producer: Any,
+            tmp_path: Any) -> None:
+        """Twelve blocks in one fetch, six times what the ClickHouse exporter may hold:
+        they go downstream in waves the queue takes, nothing is refused, everything is
+        stored once and committed."""
+        from pipeline.exporters.clickhouse.exporter import ClickHouseExporter
+        from pipeline.exporters.clickhouse.exporter import Config as CHConfig
+
+        for p in range(6):
+            for m in range(10):
+                sids = [(p * 1000 + m * 10 + k + 1).to_bytes(8, "big") for k in range(10)]
+                await raw_producer.send_and_wait(topics[0], span_request(sids)
+                                                 .SerializeToString(), partition=p)
+        ex = ClickHouseExporter(
+            CHConfig(endpoint=f"chdb://{tmp_path}/ch", batch_rows=100, max_pending_rows=120,
+                     flush_interval=0.05, ttl=0),  # type: ignore[arg-type]
+            Context("clickhouse", ["traces"], data_dir=str(tmp_path)))
+        await ex.start()
+        cfg = ReceiverConfig(brokers=[kafka_broker.bootstrap], traces=TopicConfig(topics[0]),
+                             profiles=TopicConfig(topics[1]),
+                             group_id=f"g-{uuid.uuid4().hex[:6]}", block_items=50)
+        r = KafkaReceiver(cfg, Context("kafka", ["traces"], next={"traces": ex}))
+        await r.start()
+        async with asyncio.timeout(60):
+            while r.metrics["committed_messages"] < 60:
+                await asyncio.sleep(0.05)
+        await r.shutdown()
+        _, rows = await ex.query("SELECT count(), uniqExact(SpanId) FROM spanprof.otel_traces")
+        await ex.shutdown()
+        assert rows == [(600, 600)]
+        assert r.metrics["blocks"] == 12 and ex.metrics["refused_rows"] == 0

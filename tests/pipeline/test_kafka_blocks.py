@@ -92,3 +92,28 @@ class TestCut:
         other = [Entry(e.offset, e.value + b"!", e.batch, e.items) for e in a.entries]
         b = _part().cut(other)[0]
         assert (a.first, a.last) == (b.first, b.last) and a.token != b.token
+
+    def test_messages_after_until_wait_but_a_plan_does_not(self) -> None:
+        """New blocks stop at the first message newer than ``until`` (the rest is held and
+        cut later); a planned range is rebuilt whatever its timestamps."""
+        part = _part(35)
+        entries = [Entry(o, b"m", object(), 10, timestamp=1000 + o) for o in range(6)]
+        blocks = part.cut(entries, until=1002)
+        assert [(b.first, b.last) for b in blocks] == [(0, 2)]
+        assert [e.offset for e in part.held] == [3, 4, 5]
+        assert part.cut([], until=1002) == [] and len(part.held) == 3
+        assert [(b.first, b.last) for b in part.cut([])] == [(3, 5)]
+        planned = _part(35)
+        planned.plan.extend([(0, 1)])
+        assert [(b.first, b.last) for b in planned.cut(entries[:3], until=0)] == [(0, 1)]
+        assert [e.offset for e in planned.held] == [2]
+
+
+class TestWaves:
+    def test_groups_of_about_the_budget_in_order(self) -> None:
+        from pipeline.receivers.kafka import waves
+
+        batches = [[0] * n for n in (8, 5, 5, 30, 1, 1)]
+        got = waves(batches, 10)  # type: ignore[arg-type]
+        assert [[len(b) for b in w] for w in got] == [[8], [5, 5], [30], [1, 1]]
+        assert waves([], 10) == []

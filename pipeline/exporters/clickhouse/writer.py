@@ -11,6 +11,13 @@ not written.
 
 The pending row count (current generation plus the one being inserted) is bounded by
 ``max_pending_rows``; beyond it ``submit`` refuses with ``Retryable`` at once.
+
+A batch with a token (a Kafka block, or what the correlator derived from one) that this
+writer already inserted is acknowledged at once, and one already waiting joins its
+generation: a sender that re-sends a round after a refusal (the Kafka receiver) then spends
+queue room only on what was refused, instead of being refused again by its own re-sent
+rows for ever. ClickHouse would drop the repeated insert anyway (same token); this only
+keeps it out of the queue.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import asyncio
 import functools
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -31,10 +39,13 @@ TABLE_ORDER = ["profile_stacks", "otel_traces", "profile_samples", "span_attribu
                "span_functions", "span_stacks", "unattributed_cpu"]
 # a table rows.py fills but the writer does not know would be dropped without a word
 assert set(TABLE_ORDER) == set(COLUMNS), set(TABLE_ORDER) ^ set(COLUMNS)
+# tokens of inserted blocks remembered (a bound, like ClickHouse's own dedup window)
+INSERTED_TOKENS = 100_000
 
 
 class _Generation:
-    __slots__ = ("id", "tables", "rows", "done", "stacks", "opened", "inserted", "blocks")
+    __slots__ = ("id", "tables", "rows", "done", "stacks", "opened", "inserted", "blocks",
+                 "tokens")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.id = uuid.uuid4().hex
@@ -47,6 +58,7 @@ class _Generation:
         # rows that must be inserted as their own block under a deterministic token (one
         # Kafka message each): a redelivered message's insert is then dropped by the server
         self.blocks: list[tuple[str, dict[str, Columns]]] = []
+        self.tokens: set[str] = set()
 
     def add(self, tables: dict[str, Columns]) -> None:
         for table, cols in tables.items():
@@ -73,7 +85,9 @@ class Writer:
         self.log = log
         self.metric = metrics
         self._gen: _Generation | None = None
+        self._inflight: _Generation | None = None
         self._inflight_rows = 0
+        self._inserted_tokens: OrderedDict[str, None] = OrderedDict()
         self._wake = asyncio.Event()
         self._closing = False
         self._task: asyncio.Task[None] | None = None
@@ -99,6 +113,18 @@ class Writer:
             raise Retryable("clickhouse exporter is shutting down")
         if rows == 0:
             return
+        if token is not None:
+            # one token names a Kafka block's spans, its samples and its attribution rows:
+            # what is remembered is the insert token of each table
+            toks = {f"{token}-{table}" for table in tables}
+            if toks <= self._inserted_tokens.keys():
+                self.metric("repeated_blocks", 1)
+                return
+            for waiting in (self._gen, self._inflight):
+                if waiting is not None and toks <= waiting.tokens:
+                    self.metric("repeated_blocks", 1)
+                    await asyncio.shield(waiting.done)
+                    return
         # an empty queue takes any batch: one bigger than the bound alone would otherwise
         # be refused for ever (its sender retrying in vain)
         if self.pending_rows and self.pending_rows + rows > self.max_pending_rows:
@@ -112,6 +138,7 @@ class Writer:
             gen.add(tables)
         else:
             gen.blocks.append((token, tables))
+            gen.tokens |= toks
             gen.rows += rows
         gen.stacks |= stacks
         if gen.rows >= self.batch_rows:
@@ -139,7 +166,7 @@ class Writer:
                 pass
 
     async def _flush(self, gen: _Generation) -> None:
-        self._inflight_rows = gen.rows
+        self._inflight, self._inflight_rows = gen, gen.rows
         try:
             await self._insert_all(gen)
         except Retryable as err:
@@ -150,10 +177,14 @@ class Writer:
             self.written_stacks |= gen.stacks
             if len(self.written_stacks) > 1_000_000:
                 self.written_stacks.clear()  # a bounded cache; rewriting a stack is harmless
+            for token in gen.tokens:
+                self._inserted_tokens[token] = None
+            while len(self._inserted_tokens) > INSERTED_TOKENS:
+                self._inserted_tokens.popitem(last=False)
             if not gen.done.done():
                 gen.done.set_result(None)
         finally:
-            self._inflight_rows = 0
+            self._inflight, self._inflight_rows = None, 0
 
     async def _insert_all(self, gen: _Generation) -> None:
         loop = asyncio.get_running_loop()

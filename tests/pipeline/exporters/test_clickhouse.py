@@ -13,6 +13,7 @@ import pytest
 
 from pipeline.errors import Retryable
 from pipeline.exporters.clickhouse.exporter import ClickHouseExporter, Config, RetryConfig
+from pipeline.exporters.clickhouse.rows import COLUMNS
 from pipeline.exporters.clickhouse.schema import MIGRATIONS, SchemaOptions, render
 from pipeline.exporters.clickhouse.writer import Writer
 from pipeline.records import (
@@ -98,6 +99,31 @@ class TestWriter:
         await w.close()  # close flushes what was accepted
         await first
         assert client.inserted == [("db.otel_traces", 15)]
+
+    async def test_a_block_sent_again_takes_no_room(self) -> None:
+        """A named block (a Kafka block) that this writer inserted is acknowledged at once
+        when sent again, even with the queue full, and one sent again while it waits joins
+        it: a sender re-sending a refused round is not refused by its own rows again. The
+        same name on another table's rows is another block."""
+        client = FakeClient()
+        w = writer(client, batch_rows=1000, flush_interval=0.05, max_pending_rows=20)
+        w.start()
+        first = asyncio.create_task(w.submit(cols(15), 15, set(), token="b1"))
+        await asyncio.sleep(0)
+        again = asyncio.create_task(w.submit(cols(15), 15, set(), token="b1"))  # joins
+        with pytest.raises(Retryable, match="queue is full"):
+            await w.submit(cols(10), 10, set(), token="b2")
+        await asyncio.wait_for(asyncio.gather(first, again), timeout=5)
+        assert client.inserted == [("db.otel_traces", 15)]
+        blocker = asyncio.create_task(w.submit(cols(15), 15, set(), token="b3"))
+        await asyncio.sleep(0)
+        await asyncio.wait_for(w.submit(cols(15), 15, set(), token="b1"), timeout=1)
+        other = {"span_stacks": {c: [0] * 10 for c in COLUMNS["span_stacks"]}}
+        with pytest.raises(Retryable, match="queue is full"):  # b1 of another table: new
+            await w.submit(other, 10, set(), token="b1")
+        await blocker
+        assert client.inserted == [("db.otel_traces", 15), ("db.otel_traces", 15)]
+        await w.close()
 
     async def test_small_batches_merge_into_one_insert(self) -> None:
         """Concurrent small submissions become one insert of all their rows."""
