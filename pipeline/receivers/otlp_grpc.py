@@ -5,9 +5,10 @@ Requests are taken as raw bytes and parsed here, so that garbage is answered wit
 ``INVALID_ARGUMENT`` (grpc's own deserialiser would make it ``INTERNAL``). Items that fail
 validation are counted in ``partial_success``; the rest are accepted. The reply is sent
 only once the pipeline has made the data durable; if it cannot, the client gets
-``UNAVAILABLE`` and retries. Limits: ``max_recv_msg_size_mib`` is enforced by gRPC on the
-message *after* decompression (a gzip bomb is refused, ``RESOURCE_EXHAUSTED``), and
-``max_spans_per_request`` / ``max_samples_per_request`` on the message before decoding.
+``UNAVAILABLE`` with a ``RetryInfo`` delay and retries. Limits: ``max_recv_msg_size_mib``
+is enforced by gRPC on the message *after* decompression (a gzip bomb is refused,
+``RESOURCE_EXHAUSTED``), and ``max_spans_per_request`` / ``max_samples_per_request`` on the
+message before decoding.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 import grpc
 import msgspec
 from google.protobuf.message import DecodeError
+from google.rpc import error_details_pb2, status_pb2
 from opentelemetry.proto.collector.profiles.v1development import profiles_service_pb2 as pps
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as tps
 
@@ -26,6 +28,20 @@ from pipeline.otlp.profiles import decode_profiles
 from pipeline.otlp.traces import decode_traces
 from pipeline.receivers.limits import check_items, count_items
 from pipeline.registry import Context
+
+
+def retry_trailers(message: str, delay_s: float) -> tuple[tuple[str, bytes], ...]:
+    """How long to wait before retrying, for an ``UNAVAILABLE`` answer: a ``RetryInfo`` in
+    the status details (``grpc-status-details-bin``, what the Collector sends and the Go and
+    Java exporters read) and alone under ``google.rpc.retryinfo-bin`` (what the Python
+    SDK's exporter reads)."""
+    info = error_details_pb2.RetryInfo()
+    info.retry_delay.FromNanoseconds(int(delay_s * 1e9))
+    status = status_pb2.Status(code=grpc.StatusCode.UNAVAILABLE.value[0], message=message)
+    status.details.add().Pack(info)
+    return (("grpc-status-details-bin", status.SerializeToString()),
+            ("google.rpc.retryinfo-bin", info.SerializeToString()))
+
 
 TRACE_METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 PROFILES_METHOD = "/opentelemetry.proto.collector.profiles.v1development.ProfilesService/Export"
@@ -97,7 +113,8 @@ class GrpcServer:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
         except Retryable as err:
             self.metrics[f"refused_{ITEMS[signal]}"] += len(batch)
-            await context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(err),
+                                trailing_metadata=retry_trailers(str(err), err.retry_after))
         self.metrics[f"accepted_{ITEMS[signal]}"] += len(batch)
 
     async def _export(self, signal: str, data: bytes,

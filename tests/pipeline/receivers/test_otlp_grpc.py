@@ -128,6 +128,26 @@ class TestOtlpGrpcReceiver:
         assert r.metrics["refused_spans"] == 2
         assert r.metrics["accepted_spans"] == 0
 
+    async def test_unavailable_says_when_to_retry(self, receiver: Any) -> None:
+        """A refusal carries the downstream's retry hint as RetryInfo, in the status
+        details (google.rpc.Status) and under the key the Python SDK's exporter reads."""
+        from google.rpc import error_details_pb2, status_pb2
+
+        r, fake, channel = receiver
+        fake.fail = Retryable("queue is full", retry_after=2.5)
+        stub = trace_service_pb2_grpc.TraceServiceStub(channel)
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.Export(span_request([b"\x01" * 8]))
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        trailers = dict(err.value.trailing_metadata())
+        status = status_pb2.Status.FromString(trailers["grpc-status-details-bin"])
+        assert (status.code, status.message) == (14, "queue is full")
+        info = error_details_pb2.RetryInfo()
+        assert status.details[0].Unpack(info)
+        assert info.retry_delay.ToNanoseconds() == 2_500_000_000
+        alone = error_details_pb2.RetryInfo.FromString(trailers["google.rpc.retryinfo-bin"])
+        assert alone == info
+
     async def test_oversized_request_refused(self, receiver: Any) -> None:
         """A request over max_recv_msg_size_mib is refused by gRPC itself."""
         r, fake, channel = receiver
