@@ -167,7 +167,7 @@ class ClickHouseExporter:
         if isinstance(batch, SpanBatch):
             tables = rows.traces(batch)
         elif isinstance(batch, ProfileBatch):
-            skip = self.writer.known_stacks()
+            skip = self.writer.known_stacks(batch.stacks)
             tables = rows.profiles(batch, skip)
             stacks = set(batch.stacks) - skip
         elif isinstance(batch, AttributionBatch):

@@ -418,7 +418,25 @@ def migration_6(o: SchemaOptions) -> list[str]:
             for t in ("op_minute", "op_calls", "fn_minute", "op_stacks_minute")]
 
 
-MIGRATIONS = [migration_1, migration_2, migration_3, migration_4, migration_5, migration_6]
+# profile_stacks outlives the samples by this much (clock skew, the writer's refresh)
+STACK_TTL_MARGIN_S = 86_400
+
+
+def migration_7(o: SchemaOptions) -> list[str]:
+    """Stacks expire too: one not seen for ``ttl`` plus a day goes. Each writer writes a
+    stack it keeps seeing again every few hours (``writer.STACK_REFRESH_S``), renewing its
+    ``last_seen`` (``ReplacingMergeTree(last_seen)`` keeps the newest row), so a stack
+    outlives every sample that references it: a sample expires ``ttl`` after its time,
+    and its stack was written at most the refresh before. Without this, profilers that
+    mint new stacks all day (JIT addresses, generated code) grew the table for ever."""
+    if o.ttl_seconds <= 0:
+        return []
+    return [f"ALTER TABLE {o.database}.profile_stacks MODIFY TTL last_seen + "
+            f"toIntervalSecond({o.ttl_seconds + STACK_TTL_MARGIN_S})"]
+
+
+MIGRATIONS = [migration_1, migration_2, migration_3, migration_4, migration_5, migration_6,
+              migration_7]
 
 
 def bootstrap(o: SchemaOptions) -> list[str]:

@@ -27,7 +27,7 @@ import functools
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -41,6 +41,10 @@ TABLE_ORDER = ["profile_stacks", "otel_traces", "profile_samples", "span_attribu
 assert set(TABLE_ORDER) == set(COLUMNS), set(TABLE_ORDER) ^ set(COLUMNS)
 # tokens of inserted blocks remembered (a bound, like ClickHouse's own dedup window)
 INSERTED_TOKENS = 100_000
+# a stack written this long ago is written again when seen, which renews its last_seen:
+# profile_stacks expires stacks by last_seen (migration 7), never one still in use
+STACK_REFRESH_S = 6 * 3600
+WRITTEN_STACKS = 1_000_000  # remembered at most; beyond, forgotten (rewriting is harmless)
 
 
 class _Generation:
@@ -91,7 +95,8 @@ class Writer:
         self._wake = asyncio.Event()
         self._closing = False
         self._task: asyncio.Task[None] | None = None
-        self.written_stacks: set[int] = set()
+        self._written_stacks: dict[int, float] = {}  # stack id -> when written (monotonic)
+        self.stack_refresh = STACK_REFRESH_S
 
     def __repr__(self) -> str:
         pending = self._gen.rows if self._gen else 0
@@ -104,8 +109,18 @@ class Writer:
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="clickhouse-writer")
 
-    def known_stacks(self) -> set[int]:
-        return self.written_stacks | (self._gen.stacks if self._gen else set())
+    def known_stacks(self, ids: Iterable[int]) -> set[int]:
+        """Which of these stacks need no row now: waiting in the current generation, or
+        written less than ``stack_refresh`` ago."""
+        now = time.monotonic()
+        waiting = self._gen.stacks if self._gen else set()
+        written = self._written_stacks
+        known = set()
+        for sid in ids:
+            at = written.get(sid)
+            if sid in waiting or (at is not None and now - at < self.stack_refresh):
+                known.add(sid)
+        return known
 
     async def submit(self, tables: dict[str, Columns], rows: int, stacks: set[int],
                      token: str | None = None) -> None:
@@ -174,9 +189,11 @@ class Writer:
                 gen.done.set_exception(err)
             gen.done.exception()  # retrieved here so that no caller-less future warns
         else:
-            self.written_stacks |= gen.stacks
-            if len(self.written_stacks) > 1_000_000:
-                self.written_stacks.clear()  # a bounded cache; rewriting a stack is harmless
+            if len(self._written_stacks) + len(gen.stacks) > WRITTEN_STACKS:
+                self._written_stacks.clear()  # a bounded cache; rewriting a stack is harmless
+            now = time.monotonic()
+            for sid in gen.stacks:
+                self._written_stacks[sid] = now
             for token in gen.tokens:
                 self._inserted_tokens[token] = None
             while len(self._inserted_tokens) > INSERTED_TOKENS:

@@ -174,6 +174,36 @@ class TestExporterOnEmbeddedEngine:
             assert ch.query("SELECT function, self_cpu_ns FROM spanprof.span_functions"
                             ).result_rows == [("leaf", 10_000_000)]
 
+    async def test_stacks_in_use_are_written_again_and_unused_ones_expire(
+            self, tmp_path: Path) -> None:
+        """A stack the exporter keeps seeing is written again once ``stack_refresh`` has
+        passed (renewing its last_seen); a stack not seen for ttl plus the margin is removed
+        by the table's TTL, one seen since stays."""
+        from pipeline.exporters.clickhouse.schema import STACK_TTL_MARGIN_S
+
+        cfg = Config(endpoint=f"chdb://{tmp_path}/ch", flush_interval=0.05, ttl=3600)
+        ex = ClickHouseExporter(cfg, Context("clickhouse", ["profiles"], data_dir=str(tmp_path)))
+        await ex.start()
+        assert ex.writer is not None
+        _, profiles, _ = _records()
+        await ex.consume(profiles)
+        await ex.consume(profiles)  # written moments ago: no new row
+        _, rows = await ex.query("SELECT count() FROM spanprof.profile_stacks")
+        assert rows == [(1,)]
+        ex.writer.stack_refresh = 0.0
+        await ex.consume(profiles)
+        _, rows = await ex.query("SELECT count() FROM spanprof.profile_stacks")
+        assert rows == [(2,)]
+        old = 3600 + STACK_TTL_MARGIN_S + 60
+        await ex.query(f"INSERT INTO spanprof.profile_stacks (stack_id, functions, files, lines,"
+                       f" last_seen) VALUES (99, ['gone'], [''], [0], now() - {old}), "
+                       f"(7, ['leaf', 'root'], ['a.py', 'a.py'], [1, 2], now() - {old})")
+        await ex.query("OPTIMIZE TABLE spanprof.profile_stacks FINAL")
+        _, rows = await ex.query("SELECT stack_id, count() FROM spanprof.profile_stacks "
+                                 "GROUP BY stack_id")
+        assert rows == [(7, 1)]
+        await ex.shutdown()
+
     async def test_upgrade_from_migration_1_keeps_old_rows(self, tmp_path: Path) -> None:
         """A database made by the first schema is brought up to date on start, without a
         manual ALTER: old rows stay, new columns read their defaults, new rows fill them."""
