@@ -370,3 +370,19 @@ class TestKafkaReceiver:
         await ex.shutdown()
         assert rows == [(600, 600)]
         assert r.metrics["blocks"] == 12 and ex.metrics["refused_rows"] == 0
+
+    async def test_samples_of_a_partition_without_spans_are_not_held(
+            self, kafka_broker: Any, topics: tuple[str, str], raw_producer: Any) -> None:
+        """A spans partition that is empty is caught up: samples on its profiles partition
+        go through (waiting for spans is only for a backlog of them)."""
+        b = ProfileBuilder()
+        b.sample(["f"], 10, TID, b"\x09" * 8, service="s")
+        await raw_producer.send_and_wait(topics[1], b.build().SerializeToString(), partition=5)
+        sink = Recorder()
+        r = await self._receiver(kafka_broker.bootstrap, topics, sink,
+                                 f"g-{uuid.uuid4().hex[:6]}")
+        async with asyncio.timeout(20):
+            while r.metrics["committed_messages"] < 1:
+                await asyncio.sleep(0.05)
+        await r.shutdown()
+        assert [b.signal for b in sink.batches] == ["profiles"]
