@@ -123,8 +123,11 @@ def signal_of(pipeline_id: str) -> str:
 def _expand(node: Any, path: str, env: dict[str, str], problems: list[str]) -> Any:
     """Expand ``${env:NAME}`` / ``${env:NAME:-default}`` in every string; ``$$`` is a ``$``.
 
-    A value that is one reference as a whole is re-read as YAML, so ``port: ${env:PORT}``
-    gives an int, as in the Collector.
+    A value that is one reference as a whole stays a string unless it reads as a YAML list
+    or mapping; the typed decoding (``decode_struct``, not strict) then turns
+    ``port: ${env:PORT}`` into an int where the field is one, while a password ``123456``,
+    ``true`` or ``#x`` stays the string it is (re-read as YAML, those became an int, a bool
+    and nothing).
     """
     if isinstance(node, dict):
         return {k: _expand(v, f"{path}.{k}" if path else str(k), env, problems)
@@ -147,11 +150,12 @@ def _expand(node: Any, path: str, env: dict[str, str], problems: list[str]) -> A
 
     whole = _ENV_RE.fullmatch(node)
     out = _ENV_RE.sub(sub, node)
-    if whole and whole.group(0) != "$$":
+    if whole and whole.group(0) != "$$" and out[:1] in ("[", "{"):
         try:
-            return yaml.safe_load(out) if out else out
+            parsed = yaml.safe_load(out)
         except yaml.YAMLError:
             return out
+        return parsed if isinstance(parsed, list | dict) else out
     return out
 
 
@@ -176,7 +180,9 @@ def _msgspec_problem(prefix: str, err: msgspec.ValidationError) -> str:
 def decode_struct(raw: Any, type_: type[msgspec.Struct], path: str) -> msgspec.Struct:
     """Decode one section, raising ``ConfigError`` whose message starts with its key path."""
     try:
-        return msgspec.convert(raw if raw is not None else {}, type_, dec_hook=dec_hook)
+        # not strict: "4317" from an environment variable is an int where one is wanted
+        return msgspec.convert(raw if raw is not None else {}, type_, dec_hook=dec_hook,
+                               strict=False)
     except msgspec.ValidationError as err:
         raise ConfigError(_msgspec_problem(path, err)) from None
 

@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 HELM_MODULE = "helm.sh/helm/v4/cmd/helm"
@@ -40,14 +41,20 @@ def helm_binary() -> str:
     if shutil.which("go") is None:
         raise HelmUnavailable("the Helm chart tests need `helm` (3.8+) or `go` on PATH to "
                               "build it: install either")
-    tmp = target.with_name(target.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    res = subprocess.run(["go", "install", f"{HELM_MODULE}@{HELM_VERSION}"],
-                         env=dict(os.environ, GOBIN=str(tmp)), capture_output=True, text=True,
-                         timeout=1200)
-    if res.returncode != 0:
-        raise HelmUnavailable(f"building Helm {HELM_VERSION} with go failed:\n"
-                              f"{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
-    shutil.rmtree(target, ignore_errors=True)
-    tmp.rename(target)
+    cache.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f"helm-{HELM_VERSION}.", dir=cache))  # one per build
+    try:
+        res = subprocess.run(["go", "install", f"{HELM_MODULE}@{HELM_VERSION}"],
+                             env=dict(os.environ, GOBIN=str(tmp)), capture_output=True,
+                             text=True, timeout=1200)
+        if res.returncode != 0:
+            raise HelmUnavailable(f"building Helm {HELM_VERSION} with go failed:\n"
+                                  f"{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
+        try:
+            tmp.rename(target)
+        except OSError:  # another session's build got there first: use that one
+            if not binary.exists():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return str(binary)

@@ -3,7 +3,7 @@
 The embedded engine can be opened by one process only, so questions about the data go to
 the running pipeline, which asks ClickHouse on its own connection::
 
-    GET /health                                   200 {"status": "ok", "pid": N} / 503 stopping
+    GET /health                                   200 {"status": "ok"} / 503 stopping, failed
     GET /metrics                                  Prometheus text
     GET /api/v1/spans?order=cpu|inclusive|duration|off_cpu&limit=N&service=S&method=M
     GET /api/v1/traces/{trace_id}?method=M
@@ -76,6 +76,13 @@ class AdminServer:
     async def health(self, request: web.Request) -> web.Response:
         if self.stopping:
             return _json({"status": "stopping", "pid": os.getpid()}, status=503)
+        # a component whose own loop died (``failed``) makes the process unhealthy, so
+        # that an orchestrator restarts it rather than it idling with a 200
+        failed = {key: f for key, node in self.graph.nodes.items()
+                  if (f := getattr(node.component, "failed", None))}
+        if failed:
+            return _json({"status": "failed", "pid": os.getpid(), "failed": failed},
+                         status=503)
         return _json({"status": "ok", "pid": os.getpid()})
 
     async def metrics(self, request: web.Request) -> web.Response:

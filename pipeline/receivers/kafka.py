@@ -14,6 +14,7 @@ any producer)::
         max_poll_records: 2000
         block_items: 20000           # spans or samples per insert block
         spans_ahead: 5s              # on a backlog, samples wait for spans this much newer
+        spans_wait_max: 5m           # ... for at most this long
 
 Messages are grouped into insert blocks per partition (``block_items`` spans or samples
 each), planned in the offset commit's metadata before they are delivered, so that after a
@@ -40,6 +41,7 @@ read ``spans_ahead`` past their Kafka timestamp, or is caught up.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import Counter
 from typing import Any, Literal
 
@@ -71,6 +73,8 @@ class Config(ClientConfig, forbid_unknown_fields=True):
     block_items: int = 20_000
     # on a backlog, a profile message waits until the spans topic was read this far past it
     spans_ahead: Duration = Duration(5.0)
+    # ... but no longer than this (a message stamped far ahead, a backlog that never shrinks)
+    spans_wait_max: Duration = Duration(300.0)
     check_copartitioning: bool = True
     # how soon the group notices a dead worker and hands its partitions to the others
     session_timeout: Duration = Duration(10.0)
@@ -127,8 +131,12 @@ class KafkaReceiver:
         self._stopping = asyncio.Event()
         self._stopped = False
         self._parts: dict[TopicPartition, PartitionBlocks] = {}
-        # per partition: the newest Kafka timestamp (ms) read from the spans topic
+        # per partition: the newest Kafka timestamp (ms) of the spans sent downstream
         self._spans_read: dict[int, int] = {}
+        # profiles partitions holding messages until their spans are read: since when
+        self._waiting_since: dict[TopicPartition, float] = {}
+        # set when the poll loop died: /health then answers 503
+        self.failed: str | None = None
         self.topics: dict[str, str] = {}
         if "traces" in ctx.next:
             self.topics[cfg.traces.topic] = "traces"
@@ -161,6 +169,7 @@ class KafkaReceiver:
             await self.consumer.stop()
             raise
         self._task = asyncio.create_task(self._run(), name=f"{self.ctx.id}-poll")
+        self._task.add_done_callback(self._poll_ended)
         self.log.info("kafka_consumer_started", topics=sorted(self.topics),
                       group_id=self.cfg.group_id)
 
@@ -229,14 +238,46 @@ class KafkaReceiver:
         tp = TopicPartition(self.cfg.traces.topic, partition)
         if tp not in self.consumer.assignment():
             return float("inf")  # not ours (the assignor gives both or neither)
+        waiting = self._spans_read.get(partition, -1) - self.cfg.spans_ahead * 1000
         high = self.consumer.highwater(tp)
-        if high is not None and await self.consumer.position(tp) >= high:
-            return float("inf")
-        return self._spans_read.get(partition, -1) - self.cfg.spans_ahead * 1000
+        spans = self._parts.get(tp)
+        try:
+            caught_up = (high is not None and (spans is None or not spans.held)
+                         and await self.consumer.position(tp) >= high)
+        except KafkaError:  # the partition is being reassigned: decide next round
+            return waiting
+        return float("inf") if caught_up else waiting
+
+    def _wait_for_spans(self, tp: TopicPartition, part: PartitionBlocks,
+                        entries: list[Entry], until: float) -> list[Block]:
+        """Cut a profiles partition's blocks up to ``until``; a partition that has waited
+        ``spans_wait_max`` for its spans (a message stamped far ahead of them, a backlog
+        of spans that does not shrink) is let go, counted."""
+        now = time.monotonic()
+        since = self._waiting_since.get(tp)
+        if since is not None and now - since > self.cfg.spans_wait_max:
+            until = float("inf")
+            self.metrics["spans_wait_expired"] += 1
+            self.log.warning("kafka_spans_wait_expired", topic=tp.topic,
+                             partition=tp.partition, waited_s=round(now - since, 1))
+        blocks = part.cut(entries, until)
+        if part.held and not part.plan and until != float("inf"):
+            self._waiting_since.setdefault(tp, now)
+        else:
+            self._waiting_since.pop(tp, None)
+        return blocks
+
+    def _poll_ended(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled() or task.exception() is None:
+            return
+        err = task.exception()
+        self.failed = f"receivers.{self.ctx.id}: the Kafka poll loop stopped: {err!r}"
+        self.log.error("kafka_poll_failed", error=repr(err))
 
     def _forget(self, tps: Any) -> None:
         for tp in tps:
             self._parts.pop(tp, None)
+            self._waiting_since.pop(tp, None)
             if self.topics.get(tp.topic) == "traces":
                 self._spans_read.pop(tp.partition, None)
 
@@ -258,18 +299,24 @@ class KafkaReceiver:
                 continue
             # per partition: its state, the blocks complete now, where to rewind to
             rounds: dict[TopicPartition, tuple[PartitionBlocks, list[Block], int]] = {}
+            spans_read = dict(self._spans_read)  # restored if this round is refused
             for tp in sorted(work, key=lambda tp: self.topics[tp.topic] != "traces"):
                 records = work[tp]
                 part = self._parts.get(tp)
                 if part is None:  # revoked while its plan was read: the next owner's
                     continue
-                if records and self.topics[tp.topic] == "traces":
-                    self._spans_read[tp.partition] = max(
-                        self._spans_read.get(tp.partition, 0), records[-1].timestamp)
                 rewind_to = part.held[0].offset if part.held else records[0].offset
-                until = (await self._samples_until(tp.partition)
-                         if self.topics[tp.topic] == "profiles" else float("inf"))
-                blocks = part.cut([self._entry(tp.topic, r) for r in records], until)
+                entries = [self._entry(tp.topic, r) for r in records]
+                if self.topics[tp.topic] == "traces":
+                    blocks = part.cut(entries)
+                    # spans in this round's blocks go down before any sample of the round
+                    if blocks:
+                        self._spans_read[tp.partition] = max(
+                            self._spans_read.get(tp.partition, 0),
+                            max(e.timestamp for b in blocks for e in b.entries))
+                else:
+                    blocks = self._wait_for_spans(
+                        tp, part, entries, await self._samples_until(tp.partition))
                 rounds[tp] = (part, blocks, rewind_to)
                 # messages held beyond what the metadata can plan: read no more for now
                 # (not while a planned range waits for its last messages: they must come)
@@ -288,6 +335,7 @@ class KafkaReceiver:
                     # the planned ranges stay, so the same blocks are built again
                     self.log.warning("kafka_downstream_refused", error=str(err),
                                      retry_in_s=backoff)
+                    self._spans_read = spans_read
                     consumer.pause(*rounds)
                     for tp, (part, blocks, rewind_to) in rounds.items():
                         part.plan.extendleft((b.first, b.last) for b in reversed(blocks))
@@ -319,6 +367,7 @@ class KafkaReceiver:
                                           tuple[PartitionBlocks, list[Block], int]]) -> None:
         """Step 2: one batch per block, spans before samples (the correlator then sees a
         trace's span first); all sent together so that they share ClickHouse inserts."""
+        invalid: BaseException | None = None
         for signal in ("traces", "profiles"):
             batches = [b for tp, (_, blocks, _) in rounds.items()
                        if self.topics[tp.topic] == signal
@@ -326,10 +375,17 @@ class KafkaReceiver:
             for wave in waves(batches, self.cfg.block_items):
                 results = await asyncio.gather(
                     *(self.ctx.next[signal].consume(b) for b in wave), return_exceptions=True)
-                raise_worst(results)
+                errors = [r for r in results if isinstance(r, BaseException)]
+                # anything but a refusal of the data itself: rewind and send again (the
+                # rest of the round must not be committed unsent)
+                raise_worst([e for e in errors if not isinstance(e, InvalidData)])
+                invalid = invalid or next(iter(errors), None)
                 self.metrics[f"accepted_{'spans' if signal == 'traces' else 'samples'}"] += \
-                    sum(len(b) for b in wave)
+                    sum(len(b) for b, r in zip(wave, results, strict=True)
+                        if not isinstance(r, BaseException))
                 self.metrics["blocks"] += len(wave)
+        if invalid is not None:
+            raise invalid  # logged; the other blocks were delivered, the round is committed
 
     async def _commit(self, rounds: dict[TopicPartition,
                                          tuple[PartitionBlocks, list[Block], int]]) -> None:
@@ -354,7 +410,9 @@ class KafkaReceiver:
         self._stopped = True
         self._stopping.set()
         if self._task is not None:
-            await self._task  # finishes the batch in hand, commits it
+            t = self._task
+            if not (t.done() and not t.cancelled() and t.exception() is not None):
+                await t  # finishes the batch in hand, commits it (a dead loop: logged)
         if self.consumer is not None:
             await self.consumer.stop()
 

@@ -71,7 +71,7 @@ class TestChart:
         for tier in ("gateway", "correlator"):
             c = container(docs, tier)
             ports = {p["name"]: p["containerPort"] for p in c["ports"]}
-            for probe in ("readinessProbe", "livenessProbe"):
+            for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
                 assert c[probe]["httpGet"] == {"path": "/health", "port": "admin"}
             assert ports["admin"] == 13133
             assert c["args"] == ["run", "-c", "/etc/spanprof/pipeline.yaml"]
@@ -109,11 +109,12 @@ class TestChart:
         assert [p["name"] for p in docs[("Service", "gateway")]["spec"]["ports"]] == [
             "otlp-grpc"]
         # the password is an environment variable from the Secret, never in the ConfigMap
-        co = load_text(pipeline_text(docs, "correlator"), env={"CLICKHOUSE_PASSWORD": "s3"})
+        co = load_text(pipeline_text(docs, "correlator"),
+                       env={"CLICKHOUSE_PASSWORD": "123456"})  # a Secret's value, as is
         ch = co.exporters["clickhouse"]
         assert (ch.endpoint, ch.cluster, ch.password) == (  # type: ignore[attr-defined]
-            "https://ch.example:8443", "prod", "s3")
-        assert "s3" not in yaml.safe_dump(docs)
+            "https://ch.example:8443", "prod", "123456")
+        assert "123456" not in yaml.safe_dump(docs)
         env = container(docs, "correlator")["env"]
         assert env == [{"name": "CLICKHOUSE_PASSWORD", "valueFrom": {
             "secretKeyRef": {"name": "ch-secret", "key": "pw"}}}]

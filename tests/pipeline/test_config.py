@@ -58,8 +58,8 @@ class TestValidConfigs:
             assert cfg.service.pipelines, path
 
     def test_env_expansion_with_default_and_typed_value(self) -> None:
-        """${env:X} is replaced, ${env:X:-d} falls back to d, a whole-value reference keeps
-        its YAML type, and $$ is a literal dollar."""
+        """${env:X} is replaced, ${env:X:-d} falls back to d, a whole-value reference
+        becomes the field's type, and $$ is a literal dollar."""
         text = (TESTDATA / "base.yaml").read_text().replace(
             "  clickhouse:\n",
             "  clickhouse:\n    batch_rows: ${env:ROWS}\n"
@@ -69,6 +69,16 @@ class TestValidConfigs:
         assert ch.batch_rows == 1234
         assert ch.database == "spanprof_test"
         assert ch.password == "a$bsecret"
+
+    def test_a_whole_value_reference_keeps_a_string_a_string(self) -> None:
+        """A password that YAML would read as a number, a bool or a comment is the
+        password (a Kubernetes Secret injected as ${env:CLICKHOUSE_PASSWORD})."""
+        text = (TESTDATA / "base.yaml").read_text().replace(
+            "  clickhouse:\n", "  clickhouse:\n    password: ${env:PW}\n"
+            "    batch_rows: ${env:ROWS}\n")
+        for pw in ("123456", "true", "#hash", "null", "1.5e3", "- x"):
+            ch = load_text(text, env={"PW": pw, "ROWS": "77"}).exporters["clickhouse"]
+            assert (ch.password, ch.batch_rows) == (pw, 77)  # type: ignore[attr-defined]
 
     def test_named_instances_and_fanout(self) -> None:
         """type/name ids are instances of the type; a pipeline may fan out to several."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -293,12 +294,15 @@ class TestKafkaReceiver:
         finally:
             await c.stop()
 
+    @pytest.mark.parametrize("refusals", [0, 2])
     async def test_on_a_backlog_samples_wait_for_their_spans(
-            self, kafka_broker: Any, topics: tuple[str, str], raw_producer: Any) -> None:
+            self, kafka_broker: Any, topics: tuple[str, str], raw_producer: Any,
+            refusals: int) -> None:
         """A backlog on one partition pair, the samples written a moment before their spans
         (a profiler's upload can be), read one message per fetch: every sample is delivered
         after its span (so that its row names the span's operation), none is lost, and
-        everything is committed."""
+        everything is committed; also when the first deliveries of spans are refused
+        (the spans read then are read again, and samples wait for them again)."""
         n = 12
         ids = [(i + 1).to_bytes(8, "big") for i in range(n)]
         for sid in ids:
@@ -315,9 +319,13 @@ class TestKafkaReceiver:
                 super().__init__()
                 self.seen: set[bytes] = set()
                 self.early: list[bytes] = []
+                self.refuse = refusals
 
             async def consume(self, batch: Batch) -> None:
                 if isinstance(batch, SpanBatch):
+                    if self.refuse:
+                        self.refuse -= 1
+                        raise Retryable("not now")
                     self.seen |= {s.span_id for s in batch.spans}
                 else:
                     self.early += [s.span_id for s in batch.samples  # type: ignore[union-attr]
@@ -386,3 +394,52 @@ class TestKafkaReceiver:
                 await asyncio.sleep(0.05)
         await r.shutdown()
         assert [b.signal for b in sink.batches] == ["profiles"]
+
+
+    async def test_a_dead_poll_loop_is_reported(self, kafka_broker: Any,
+                                               topics: tuple[str, str]) -> None:
+        """If the poll loop dies, the receiver says so (``failed``, which /health reports
+        with a 503) instead of idling as if healthy."""
+        from types import SimpleNamespace
+
+        from pipeline.admin.server import AdminServer
+
+        sink = Recorder()
+        r = await self._receiver(kafka_broker.bootstrap, topics, sink,
+                                 f"g-{uuid.uuid4().hex[:6]}")
+        graph = SimpleNamespace(nodes={"receiver:kafka": SimpleNamespace(component=r)},
+                                components=lambda kind: {})
+        admin = AdminServer("127.0.0.1:0", graph)  # type: ignore[arg-type]
+        assert (await admin.health(None)).status == 200  # type: ignore[arg-type]
+
+        async def broken(**kw: Any) -> Any:
+            raise RuntimeError("boom")
+
+        assert r.consumer is not None
+        r.consumer.getmany = broken  # type: ignore[method-assign]
+        async with asyncio.timeout(10):
+            while r.failed is None:
+                await asyncio.sleep(0.05)
+        assert "boom" in r.failed
+        resp = await admin.health(None)  # type: ignore[arg-type]
+        assert resp.status == 503 and b'"failed"' in resp.body  # type: ignore[operator]
+        await r.shutdown()
+
+
+class TestWaitForSpans:
+    def test_a_partition_waits_then_is_let_go_after_spans_wait_max(self) -> None:
+        from pipeline.kafka.blocks import Entry, PartitionBlocks
+
+        cfg = ReceiverConfig(spans_wait_max=0.2)  # type: ignore[arg-type]
+        r = KafkaReceiver(cfg, Context("kafka", ["profiles"], next={"profiles": Recorder()}))
+        tp = TopicPartition("otlp_profiles", 0)
+        part = PartitionBlocks(tp.topic, 0, 100)
+        entries = [Entry(o, b"m", object(), 1, timestamp=5_000 + o) for o in range(3)]
+        (first,) = r._wait_for_spans(tp, part, entries, until=5_000)
+        assert (first.first, first.last) == (0, 0)
+        assert [e.offset for e in part.held] == [1, 2] and tp in r._waiting_since
+        assert r._wait_for_spans(tp, part, [], until=5_000) == []  # still waiting
+        time.sleep(0.25)
+        (block,) = r._wait_for_spans(tp, part, [], until=5_000)
+        assert (block.first, block.last) == (1, 2) and not part.held
+        assert r.metrics["spans_wait_expired"] == 1 and tp not in r._waiting_since

@@ -510,7 +510,9 @@ def on_cluster(stmts: list[str], o: SchemaOptions) -> list[str]:
         elif m := _ALTER.match(s):
             db, name = m.groups()
             rest = s[m.end():]
-            if "MODIFY SETTING" in rest:  # a MergeTree setting: the local tables only
+            # a MergeTree setting or TTL: the local tables only (a Distributed table has
+            # neither, and refuses the ALTER)
+            if "MODIFY SETTING" in rest or "MODIFY TTL" in rest:
                 out.append(f"ALTER TABLE {db}.{name}_local ON CLUSTER {c}" + rest.replace(
                     "non_replicated_deduplication_window", "replicated_deduplication_window"))
                 continue

@@ -64,6 +64,11 @@ class TestClusterSchema:
         alters = [s for s in clustered if s.startswith("ALTER")]
         assert {re.match(r"ALTER TABLE spanprof\.(\w+) ", a).group(1)  # type: ignore[union-attr]
                 for a in alters} >= {"profile_samples", "profile_samples_local"}
+        # what only a MergeTree has goes to the local tables alone
+        local_only = [a for a in alters if "MODIFY TTL" in a or "MODIFY SETTING" in a]
+        assert any("profile_stacks_local" in a and "MODIFY TTL" in a for a in local_only)
+        assert all(re.match(r"ALTER TABLE spanprof\.\w+_local ON CLUSTER", a)
+                   for a in local_only), local_only
 
     def test_single_node_ddl_is_unchanged_and_bootstrap_too(self) -> None:
         assert "ON CLUSTER" not in render(SchemaOptions())

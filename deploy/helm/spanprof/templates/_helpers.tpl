@@ -28,14 +28,19 @@ app.kubernetes.io/component: {{ .component }}
 {{ printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) }}
 {{- end -}}
 
-{{/* the admin API, health probes: 503 while stopping */}}
+{{/* the admin API, health probes: 503 while stopping or when a component's loop died.
+The admin API listens once the pipeline has started (schema migrations included, which
+on a cluster can take a while): the startup probe gives that 5 minutes. */}}
 {{- define "spanprof.probes" -}}
+startupProbe:
+  httpGet: {path: /health, port: admin}
+  periodSeconds: 5
+  failureThreshold: 60
 readinessProbe:
   httpGet: {path: /health, port: admin}
   periodSeconds: 5
 livenessProbe:
   httpGet: {path: /health, port: admin}
-  initialDelaySeconds: 10
   periodSeconds: 10
   failureThreshold: 6
 {{- end -}}
