@@ -13,6 +13,7 @@ message before decoding.
 
 from __future__ import annotations
 
+import random
 from collections import Counter
 from typing import Any
 
@@ -34,9 +35,11 @@ def retry_trailers(message: str, delay_s: float) -> tuple[tuple[str, bytes], ...
     """How long to wait before retrying, for an ``UNAVAILABLE`` answer: a ``RetryInfo`` in
     the status details (``grpc-status-details-bin``, what the Collector sends and the Go and
     Java exporters read) and alone under ``google.rpc.retryinfo-bin`` (what the Python
-    SDK's exporter reads)."""
+    SDK's exporter reads). The delay varies by ±20%, so that clients refused together
+    (a client takes it as is, instead of its own jittered backoff) do not all come back
+    at the same instant."""
     info = error_details_pb2.RetryInfo()
-    info.retry_delay.FromNanoseconds(int(delay_s * 1e9))
+    info.retry_delay.FromNanoseconds(int(delay_s * random.uniform(0.8, 1.2) * 1e9))
     status = status_pb2.Status(code=grpc.StatusCode.UNAVAILABLE.value[0], message=message)
     status.details.add().Pack(info)
     return (("grpc-status-details-bin", status.SerializeToString()),
