@@ -37,6 +37,7 @@ from pipeline.exporters.clickhouse.schema import (
     bootstrap,
     on_cluster,
     statements,
+    ttl_changes,
 )
 from pipeline.exporters.clickhouse.writer import Writer
 from pipeline.records import AttributionBatch, Batch, ProfileBatch, SpanBatch
@@ -159,6 +160,12 @@ class ClickHouseExporter:
                 self.client.command(sql)
             self.client.insert(f"{db}.schema_migrations", [[version]], column_names=["version"])
             self.log.info("clickhouse_migrated", version=version)
+        current = dict(self.client.query(
+            "SELECT name, create_table_query FROM system.tables WHERE database = %(db)s",
+            parameters={"db": db}).result_rows)
+        for sql in ttl_changes(self.schema, current):
+            self.client.command(sql)
+            self.log.info("clickhouse_ttl_changed", statement=sql)
 
     async def consume(self, batch: Batch) -> None:
         if self.writer is None:

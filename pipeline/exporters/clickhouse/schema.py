@@ -439,6 +439,48 @@ MIGRATIONS = [migration_1, migration_2, migration_3, migration_4, migration_5, m
               migration_7]
 
 
+_TTL_OF = re.compile(r"CREATE TABLE IF NOT EXISTS \w+\.(\w+) \(.*?TTL toDateTime\((\w+)\) \+ "
+                     r"toIntervalSecond\((\d+)\)", re.S)
+_INTERVAL = re.compile(r"\bTTL\b.*?toIntervalSecond\((\d+)\)", re.S)
+
+
+def ttl_plan(o: SchemaOptions) -> dict[str, tuple[str, int]]:
+    """Per table: the column its TTL counts from and the seconds it should keep rows for
+    (0: for ever), as the migrations would create it with these options today."""
+    probe = SchemaOptions(database=o.database, ttl_seconds=1)  # every TTL written out
+    plan = {}
+    for _, stmts in [(v, m(probe)) for v, m in enumerate(MIGRATIONS)]:
+        for sql in stmts:
+            for table, column, _ in _TTL_OF.findall(sql):
+                plan[table] = (column, o.ttl_seconds)
+    if o.ttl_seconds > 0:  # migration 7
+        plan["profile_stacks"] = ("last_seen", o.ttl_seconds + STACK_TTL_MARGIN_S)
+    else:
+        plan["profile_stacks"] = ("last_seen", 0)
+    return plan
+
+
+def ttl_changes(o: SchemaOptions, current: dict[str, str]) -> list[str]:
+    """The ALTERs that bring each table's TTL to what ``ttl`` says now, given each table's
+    ``create_table_query`` (a ``ttl:`` changed after the tables were made takes effect
+    without a manual ALTER; ClickHouse then applies it to the rows already there)."""
+    out = []
+    for table, (column, seconds) in sorted(ttl_plan(o).items()):
+        name = f"{table}_local" if o.cluster else table
+        ddl = current.get(name)
+        if ddl is None:
+            continue
+        m = _INTERVAL.search(ddl)
+        have = int(m[1]) if m else 0
+        if have == seconds:
+            continue
+        where = f"{o.database}.{name}" + (f" ON CLUSTER {o.cluster}" if o.cluster else "")
+        out.append(f"ALTER TABLE {where} REMOVE TTL" if seconds == 0 else
+                   f"ALTER TABLE {where} MODIFY TTL toDateTime({column}) + "
+                   f"toIntervalSecond({seconds})")
+    return out
+
+
 def bootstrap(o: SchemaOptions) -> list[str]:
     """The database and the record of applied migrations, created before anything else."""
     return [

@@ -204,6 +204,41 @@ class TestExporterOnEmbeddedEngine:
         assert rows == [(7, 1)]
         await ex.shutdown()
 
+    async def test_a_changed_ttl_applies_on_start_without_a_manual_alter(
+            self, tmp_path: Path) -> None:
+        """Tables made with ttl 7d, then started with 1d, then with 0 (for ever): each start
+        brings every table's TTL to the config's, and a start with nothing changed alters
+        nothing."""
+        from pipeline.exporters.clickhouse.schema import (
+            STACK_TTL_MARGIN_S,
+            SchemaOptions,
+            ttl_changes,
+            ttl_plan,
+        )
+
+        async def start(ttl: int) -> dict[str, str]:
+            cfg = Config(endpoint=f"chdb://{tmp_path}/ch", flush_interval=0.05,
+                         ttl=ttl)  # type: ignore[arg-type]
+            ex = ClickHouseExporter(cfg, Context("clickhouse", ["traces"],
+                                                 data_dir=str(tmp_path)))
+            await ex.start()
+            _, rows = await ex.query("SELECT name, create_table_query FROM system.tables "
+                                     "WHERE database = 'spanprof'")
+            await ex.shutdown()
+            return dict(rows)  # type: ignore[arg-type]
+
+        tables = set(ttl_plan(SchemaOptions()))
+        assert len(tables) >= 12
+        for ttl in (7 * 86400, 86400, 0):
+            ddl = await start(ttl)
+            for t in tables:
+                keep = ttl + (STACK_TTL_MARGIN_S if t == "profile_stacks" else 0)
+                if ttl:
+                    assert f"toIntervalSecond({keep})" in ddl[t], (t, ddl[t][-200:])
+                else:
+                    assert " TTL " not in ddl[t], (t, ddl[t][-200:])
+            assert ttl_changes(SchemaOptions(ttl_seconds=ttl), ddl) == []
+
     async def test_upgrade_from_migration_1_keeps_old_rows(self, tmp_path: Path) -> None:
         """A database made by the first schema is brought up to date on start, without a
         manual ALTER: old rows stay, new columns read their defaults, new rows fill them."""

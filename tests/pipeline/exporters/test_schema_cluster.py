@@ -70,6 +70,19 @@ class TestClusterSchema:
         assert all(re.match(r"ALTER TABLE spanprof\.\w+_local ON CLUSTER", a)
                    for a in local_only), local_only
 
+    def test_a_changed_ttl_alters_the_local_tables(self) -> None:
+        from pipeline.exporters.clickhouse.schema import ttl_changes
+
+        now = {"otel_traces_local": "CREATE TABLE spanprof.otel_traces_local (...) ENGINE = "
+                                    "ReplicatedReplacingMergeTree(...) ORDER BY (...) TTL "
+                                    "toDateTime(Timestamp) + toIntervalSecond(604800)",
+               "otel_traces": "CREATE TABLE spanprof.otel_traces (...) ENGINE = Distributed"}
+        assert ttl_changes(SchemaOptions(cluster="prod", ttl_seconds=86400), now) == [
+            "ALTER TABLE spanprof.otel_traces_local ON CLUSTER prod MODIFY TTL "
+            "toDateTime(Timestamp) + toIntervalSecond(86400)"]
+        assert ttl_changes(SchemaOptions(cluster="prod", ttl_seconds=0), now) == [
+            "ALTER TABLE spanprof.otel_traces_local ON CLUSTER prod REMOVE TTL"]
+
     def test_single_node_ddl_is_unchanged_and_bootstrap_too(self) -> None:
         assert "ON CLUSTER" not in render(SchemaOptions())
         assert all("ON CLUSTER prod" in s for s in
