@@ -32,10 +32,11 @@ and samples meet in one worker; start-up fails if the two topics' partition coun
 A message that is not valid OTLP is logged, counted and skipped.
 
 Spans before samples: a sample's row names its span's operation (and so reaches the
-per-operation aggregates) only if the span was read first. Live, samples come seconds
+per-operation aggregates) only if the span was sent on first. Live, samples come seconds
 after their spans anyway; on a backlog both topics would be read side by side, so profile
-messages are held (bounded, like any held message) until the spans topic's partition was
-read ``spans_ahead`` past their Kafka timestamp, or is caught up.
+messages are held (bounded, like any held message) until the spans of their partition were
+sent on ``spans_ahead`` past their Kafka timestamp, or that spans partition is caught up,
+for at most ``spans_wait_max``.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ class Config(ClientConfig, forbid_unknown_fields=True):
     max_poll_records: int = 2000
     # items (spans or samples) per insert block; a block is what is deduplicated as one
     block_items: int = 20_000
-    # on a backlog, a profile message waits until the spans topic was read this far past it
+    # on a backlog, a profile message waits until spans this far past it were sent on
     spans_ahead: Duration = Duration(5.0)
     # ... but no longer than this (a message stamped far ahead, a backlog that never shrinks)
     spans_wait_max: Duration = Duration(300.0)
@@ -132,8 +133,8 @@ class KafkaReceiver:
         self._stopped = False
         self._parts: dict[TopicPartition, PartitionBlocks] = {}
         # per partition: the newest Kafka timestamp (ms) of the spans sent downstream
-        self._spans_read: dict[int, int] = {}
-        # profiles partitions holding messages until their spans are read: since when
+        self._spans_sent: dict[int, int] = {}
+        # profiles partitions holding messages until their spans are sent on: since when
         self._waiting_since: dict[TopicPartition, float] = {}
         # set when the poll loop died: /health then answers 503
         self.failed: str | None = None
@@ -228,8 +229,8 @@ class KafkaReceiver:
 
     async def _samples_until(self, partition: int) -> float:
         """The newest profile message (by Kafka timestamp) to deliver now: on a backlog
-        (after an outage, a replay, a backfill), samples wait until the spans topic's
-        partition was read ``spans_ahead`` past them, so that their spans are known and
+        (after an outage, a replay, a backfill), samples wait until the spans of their
+        partition were sent on ``spans_ahead`` past them, so that their spans are known and
         their CPU reaches the per-operation aggregates. Caught up, nothing waits: a span
         that is not in Kafka yet is not waited for here."""
         if "traces" not in self.topics.values():
@@ -238,7 +239,7 @@ class KafkaReceiver:
         tp = TopicPartition(self.cfg.traces.topic, partition)
         if tp not in self.consumer.assignment():
             return float("inf")  # not ours (the assignor gives both or neither)
-        waiting = self._spans_read.get(partition, -1) - self.cfg.spans_ahead * 1000
+        waiting = self._spans_sent.get(partition, -1) - self.cfg.spans_ahead * 1000
         high = self.consumer.highwater(tp)
         spans = self._parts.get(tp)
         try:
@@ -279,7 +280,7 @@ class KafkaReceiver:
             self._parts.pop(tp, None)
             self._waiting_since.pop(tp, None)
             if self.topics.get(tp.topic) == "traces":
-                self._spans_read.pop(tp.partition, None)
+                self._spans_sent.pop(tp.partition, None)
 
     async def _run(self) -> None:
         assert self.consumer is not None
@@ -299,7 +300,7 @@ class KafkaReceiver:
                 continue
             # per partition: its state, the blocks complete now, where to rewind to
             rounds: dict[TopicPartition, tuple[PartitionBlocks, list[Block], int]] = {}
-            spans_read = dict(self._spans_read)  # restored if this round is refused
+            spans_sent = dict(self._spans_sent)  # restored if this round is refused
             for tp in sorted(work, key=lambda tp: self.topics[tp.topic] != "traces"):
                 records = work[tp]
                 part = self._parts.get(tp)
@@ -311,8 +312,8 @@ class KafkaReceiver:
                     blocks = part.cut(entries)
                     # spans in this round's blocks go down before any sample of the round
                     if blocks:
-                        self._spans_read[tp.partition] = max(
-                            self._spans_read.get(tp.partition, 0),
+                        self._spans_sent[tp.partition] = max(
+                            self._spans_sent.get(tp.partition, 0),
                             max(e.timestamp for b in blocks for e in b.entries))
                 else:
                     blocks = self._wait_for_spans(
@@ -335,7 +336,7 @@ class KafkaReceiver:
                     # the planned ranges stay, so the same blocks are built again
                     self.log.warning("kafka_downstream_refused", error=str(err),
                                      retry_in_s=backoff)
-                    self._spans_read = spans_read
+                    self._spans_sent = spans_sent
                     consumer.pause(*rounds)
                     for tp, (part, blocks, rewind_to) in rounds.items():
                         part.plan.extendleft((b.first, b.last) for b in reversed(blocks))

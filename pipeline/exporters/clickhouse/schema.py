@@ -24,10 +24,14 @@ class SchemaOptions:
     cluster: str = ""
 
 
+def _ttl_expr(column: str, seconds: int) -> str:
+    return f"toDateTime({column}) + toIntervalSecond({seconds})"
+
+
 def _ttl(expr: str, o: SchemaOptions) -> str:
     if o.ttl_seconds <= 0:
         return ""
-    return f"TTL toDateTime({expr}) + toIntervalSecond({o.ttl_seconds})"
+    return f"TTL {_ttl_expr(expr, o.ttl_seconds)}"
 
 
 def migration_1(o: SchemaOptions) -> list[str]:
@@ -422,6 +426,10 @@ def migration_6(o: SchemaOptions) -> list[str]:
 STACK_TTL_MARGIN_S = 86_400
 
 
+def _stack_ttl_seconds(o: SchemaOptions) -> int:
+    return o.ttl_seconds + STACK_TTL_MARGIN_S if o.ttl_seconds > 0 else 0
+
+
 def migration_7(o: SchemaOptions) -> list[str]:
     """Stacks expire too: one not seen for ``ttl`` plus a day goes. Each writer writes a
     stack it keeps seeing again every few hours (``writer.STACK_REFRESH_S``), renewing its
@@ -432,15 +440,15 @@ def migration_7(o: SchemaOptions) -> list[str]:
     if o.ttl_seconds <= 0:
         return []
     return [f"ALTER TABLE {o.database}.profile_stacks MODIFY TTL last_seen + "
-            f"toIntervalSecond({o.ttl_seconds + STACK_TTL_MARGIN_S})"]
+            f"toIntervalSecond({_stack_ttl_seconds(o)})"]
 
 
 MIGRATIONS = [migration_1, migration_2, migration_3, migration_4, migration_5, migration_6,
               migration_7]
 
 
-_TTL_OF = re.compile(r"CREATE TABLE IF NOT EXISTS \w+\.(\w+) \(.*?TTL toDateTime\((\w+)\) \+ "
-                     r"toIntervalSecond\((\d+)\)", re.S)
+_TTL_OF = re.compile(r"CREATE TABLE IF NOT EXISTS \w+\.(\w+) \(.*?TTL toDateTime\((\w+)\)",
+                     re.S)
 _INTERVAL = re.compile(r"\bTTL\b.*?toIntervalSecond\((\d+)\)", re.S)
 
 
@@ -448,15 +456,10 @@ def ttl_plan(o: SchemaOptions) -> dict[str, tuple[str, int]]:
     """Per table: the column its TTL counts from and the seconds it should keep rows for
     (0: for ever), as the migrations would create it with these options today."""
     probe = SchemaOptions(database=o.database, ttl_seconds=1)  # every TTL written out
-    plan = {}
-    for _, stmts in [(v, m(probe)) for v, m in enumerate(MIGRATIONS)]:
-        for sql in stmts:
-            for table, column, _ in _TTL_OF.findall(sql):
-                plan[table] = (column, o.ttl_seconds)
-    if o.ttl_seconds > 0:  # migration 7
-        plan["profile_stacks"] = ("last_seen", o.ttl_seconds + STACK_TTL_MARGIN_S)
-    else:
-        plan["profile_stacks"] = ("last_seen", 0)
+    plan = {table: (column, o.ttl_seconds)
+            for migration in MIGRATIONS for sql in migration(probe)
+            for table, column in _TTL_OF.findall(sql)}
+    plan["profile_stacks"] = ("last_seen", _stack_ttl_seconds(o))  # migration 7
     return plan
 
 
@@ -476,8 +479,7 @@ def ttl_changes(o: SchemaOptions, current: dict[str, str]) -> list[str]:
             continue
         where = f"{o.database}.{name}" + (f" ON CLUSTER {o.cluster}" if o.cluster else "")
         out.append(f"ALTER TABLE {where} REMOVE TTL" if seconds == 0 else
-                   f"ALTER TABLE {where} MODIFY TTL toDateTime({column}) + "
-                   f"toIntervalSecond({seconds})")
+                   f"ALTER TABLE {where} MODIFY TTL {_ttl_expr(column, seconds)}")
     return out
 
 

@@ -89,8 +89,7 @@ class Writer:
         self.log = log
         self.metric = metrics
         self._gen: _Generation | None = None
-        self._inflight: _Generation | None = None
-        self._inflight_rows = 0
+        self._inflight: _Generation | None = None  # the generation being inserted
         self._inserted_tokens: OrderedDict[str, None] = OrderedDict()
         self._wake = asyncio.Event()
         self._closing = False
@@ -100,11 +99,12 @@ class Writer:
 
     def __repr__(self) -> str:
         pending = self._gen.rows if self._gen else 0
-        return f"<Writer pending={pending} inflight={self._inflight_rows} closing={self._closing}>"
+        inflight = self._inflight.rows if self._inflight else 0
+        return f"<Writer pending={pending} inflight={inflight} closing={self._closing}>"
 
     @property
     def pending_rows(self) -> int:
-        return (self._gen.rows if self._gen else 0) + self._inflight_rows
+        return sum(g.rows for g in (self._gen, self._inflight) if g is not None)
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="clickhouse-writer")
@@ -181,7 +181,7 @@ class Writer:
                 pass
 
     async def _flush(self, gen: _Generation) -> None:
-        self._inflight, self._inflight_rows = gen, gen.rows
+        self._inflight = gen
         try:
             await self._insert_all(gen)
         except Retryable as err:
@@ -201,7 +201,7 @@ class Writer:
             if not gen.done.done():
                 gen.done.set_result(None)
         finally:
-            self._inflight, self._inflight_rows = None, 0
+            self._inflight = None
 
     async def _insert_all(self, gen: _Generation) -> None:
         loop = asyncio.get_running_loop()
