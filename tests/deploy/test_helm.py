@@ -18,7 +18,7 @@ import yaml
 from pipeline.config import load_text
 from pipeline.otlp.builder import ProfileBuilder
 from tests.conftest import SpanprofProcess, clickhouse, free_port, wait_until
-from tests.e2e.otlp_clients import ids_of, profiles_stub, sdk_tracer
+from tests.e2e.otlp_clients import profiles_stub, sdk_spans
 
 CHART = Path(__file__).resolve().parents[2] / "deploy" / "helm" / "spanprof"
 MS = 1_000_000
@@ -176,35 +176,25 @@ class TestRenderedPipelinesRun:
         gateway = SpanprofProcess(tmp_path / "gw",
                                   config_text=as_template(pipeline_text(gw_docs, "gateway")))
         correlator = SpanprofProcess(tmp_path / "co", config_text=co_text)
-        try:
-            gateway.start()
-            correlator.start()
-            target = f"127.0.0.1:{ports['grpc']}"
-            provider, tracer = sdk_tracer(target, "checkout")
-            keys = []
-            for i in range(10):
-                with tracer.start_as_current_span(f"op{i}") as span:
-                    keys.append(ids_of(span))
-            provider.force_flush()
-            provider.shutdown()
-            truth: dict[tuple[bytes, bytes], int] = defaultdict(int)
-            b = ProfileBuilder()
-            for j, (tid, sid) in enumerate(keys):
-                truth[(tid, sid)] += (j + 1) * MS
-                b.sample([f"fn{j}", "main"], (j + 1) * MS, tid, sid, service="checkout")
-            stub = profiles_stub(grpc.insecure_channel(target))
-            assert not stub.Export(b.build(), timeout=30).HasField("partial_success")
+        # (a test that fails half-way has its processes killed by conftest's fixture)
+        gateway.start()
+        correlator.start()
+        target = f"127.0.0.1:{ports['grpc']}"
+        keys = sdk_spans(target, "checkout", 10)
+        truth: dict[tuple[bytes, bytes], int] = defaultdict(int)
+        b = ProfileBuilder()
+        for j, (tid, sid) in enumerate(keys):
+            truth[(tid, sid)] += (j + 1) * MS
+            b.sample([f"fn{j}", "main"], (j + 1) * MS, tid, sid, service="checkout")
+        stub = profiles_stub(grpc.insecure_channel(target))
+        assert not stub.Export(b.build(), timeout=30).HasField("partial_success")
 
-            def attributed() -> dict[tuple[str, str], int]:
-                return {(s["trace_id"], s["span_id"]): s["cpu_ns"] for s in
-                        correlator.get("/api/v1/spans?limit=100")["spans"]}
-            want = {(t.hex(), s.hex()): v for (t, s), v in truth.items()}
-            wait_until(lambda: attributed() == want, timeout=60)
-            assert gateway.stop() == 0
-            assert correlator.stop() == 0
-        finally:
-            for p in (gateway, correlator):
-                if p.proc is not None and p.proc.poll() is None:
-                    p.proc.kill()
+        def attributed() -> dict[tuple[str, str], int]:
+            return {(s["trace_id"], s["span_id"]): s["cpu_ns"] for s in
+                    correlator.get("/api/v1/spans?limit=100")["spans"]}
+        want = {(t.hex(), s.hex()): v for (t, s), v in truth.items()}
+        wait_until(lambda: attributed() == want, timeout=60)
+        assert gateway.stop() == 0
+        assert correlator.stop() == 0
         with clickhouse(correlator.data) as ch:
             assert ch.query("SELECT count() FROM spanprof.otel_traces").result_rows[0][0] == 10

@@ -28,6 +28,18 @@ def ids_of(span: Any) -> tuple[bytes, bytes]:
     return ctx.trace_id.to_bytes(16, "big"), ctx.span_id.to_bytes(8, "big")
 
 
+def sdk_spans(target: str, service: str, n: int) -> list[tuple[bytes, bytes]]:
+    """``n`` root spans ``op0``.. sent by the SDK's exporter; their (trace id, span id)."""
+    provider, tracer = sdk_tracer(target, service)
+    keys = []
+    for i in range(n):
+        with tracer.start_as_current_span(f"op{i}") as span:
+            keys.append(ids_of(span))
+    provider.force_flush()
+    provider.shutdown()
+    return keys
+
+
 def profiles_stub(channel: grpc.Channel) -> Any:
     return profiles_service_pb2_grpc.ProfilesServiceStub(channel)
 

@@ -14,7 +14,7 @@ import pytest
 
 from pipeline.otlp.builder import ProfileBuilder
 from tests.conftest import SpanprofProcess, clickhouse, wait_until
-from tests.e2e.otlp_clients import ids_of, profiles_stub, sdk_tracer
+from tests.e2e.otlp_clients import profiles_stub, sdk_spans
 
 pytestmark = pytest.mark.e2e
 MS = 1_000_000
@@ -65,39 +65,28 @@ class TestKafkaTier:
                  "spans": f"s{uuid.uuid4().hex[:6]}", "profiles": f"p{uuid.uuid4().hex[:6]}"}
         gateway = SpanprofProcess(tmp_path / "gw", config_text=GATEWAY % names)
         correlator = SpanprofProcess(tmp_path / "co", config_text=CORRELATOR % names)
-        gateway.start()
-        try:
-            provider, tracer = sdk_tracer(gateway.grpc_target, "checkout")
-            keys = []
-            for i in range(20):
-                with tracer.start_as_current_span(f"op{i}") as span:
-                    keys.append(ids_of(span))
-            provider.force_flush()
-            provider.shutdown()
-            correlator.start()  # after the spans: it reads the topics from the start
-            wait_until(lambda: len(correlator.get("/api/v1/spans?limit=1000")["spans"]) == 20,
-                       timeout=60)
-            # profiles come later, as profilers upload every 10-60 s
-            truth: dict[tuple[bytes, bytes], int] = defaultdict(int)
-            b = ProfileBuilder()
-            for j, (tid, sid) in enumerate(keys):
-                for k in range(j % 3 + 1):
-                    truth[(tid, sid)] += (k + 1) * MS
-                    b.sample([f"fn{k}", "main"], (k + 1) * MS, tid, sid, service="checkout")
-            stub = profiles_stub(grpc.insecure_channel(gateway.grpc_target))
-            assert not stub.Export(b.build(), timeout=30).HasField("partial_success")
+        gateway.start()  # (a test that fails half-way: conftest's fixture kills both)
+        keys = sdk_spans(gateway.grpc_target, "checkout", 20)
+        correlator.start()  # after the spans: it reads the topics from the start
+        wait_until(lambda: len(correlator.get("/api/v1/spans?limit=1000")["spans"]) == 20,
+                   timeout=60)
+        # profiles come later, as profilers upload every 10-60 s
+        truth: dict[tuple[bytes, bytes], int] = defaultdict(int)
+        b = ProfileBuilder()
+        for j, (tid, sid) in enumerate(keys):
+            for k in range(j % 3 + 1):
+                truth[(tid, sid)] += (k + 1) * MS
+                b.sample([f"fn{k}", "main"], (k + 1) * MS, tid, sid, service="checkout")
+        stub = profiles_stub(grpc.insecure_channel(gateway.grpc_target))
+        assert not stub.Export(b.build(), timeout=30).HasField("partial_success")
 
-            def all_attributed() -> bool:
-                got = {(s["trace_id"], s["span_id"]): s["cpu_ns"] for s in
-                       correlator.get("/api/v1/spans?limit=1000")["spans"]}
-                return all(got.get((t.hex(), s.hex())) == v for (t, s), v in truth.items())
-            wait_until(all_attributed, timeout=60)
-            assert gateway.stop() == 0
-            assert correlator.stop() == 0
-        finally:
-            for p in (gateway, correlator):
-                if p.proc is not None and p.proc.poll() is None:
-                    p.proc.kill()
+        def all_attributed() -> bool:
+            got = {(s["trace_id"], s["span_id"]): s["cpu_ns"] for s in
+                   correlator.get("/api/v1/spans?limit=1000")["spans"]}
+            return all(got.get((t.hex(), s.hex())) == v for (t, s), v in truth.items())
+        wait_until(all_attributed, timeout=60)
+        assert gateway.stop() == 0
+        assert correlator.stop() == 0
         with clickhouse(correlator.data) as ch:
             assert ch.query("SELECT count() FROM spanprof.otel_traces").result_rows[0][0] == 20
             rows = dict(((bytes.fromhex(t), bytes.fromhex(s)), c) for t, s, c in ch.query(

@@ -152,6 +152,13 @@ class TestKafkaExporter:
         await ex.shutdown()
 
 
+async def _committed(r: KafkaReceiver, n: int, within: float) -> None:
+    """Wait until the receiver committed ``n`` messages."""
+    async with asyncio.timeout(within):
+        while r.metrics["committed_messages"] < n:
+            await asyncio.sleep(0.05)
+
+
 class Recorder:
     def __init__(self, failures: int = 0) -> None:
         self.failures = failures
@@ -223,9 +230,7 @@ class TestKafkaReceiver:
         sink = Recorder(failures=2)
         r = await self._receiver(kafka_broker.bootstrap, topics, sink,
                                  f"g-{uuid.uuid4().hex[:6]}")
-        async with asyncio.timeout(30):
-            while r.metrics["committed_messages"] < 5:
-                await asyncio.sleep(0.1)
+        await _committed(r, 5, within=30)
         await r.shutdown()
         origins: dict[bytes, set[str]] = {}
         for b in sink.batches:
@@ -279,9 +284,7 @@ class TestKafkaReceiver:
         b = KafkaReceiver(cfg2, Context("kafka", ["traces", "profiles"],
                                         next={"traces": second, "profiles": second}))
         await b.start()
-        async with asyncio.timeout(30):
-            while b.metrics["committed_messages"] < 12:
-                await asyncio.sleep(0.05)
+        await _committed(b, 12, within=30)
         await b.shutdown()
         before = [x.origin for x in first.batches]  # type: ignore[union-attr]
         after = [x.origin for x in second.batches]  # type: ignore[union-attr]
@@ -339,9 +342,7 @@ class TestKafkaReceiver:
         r = KafkaReceiver(cfg, Context("kafka", ["traces", "profiles"],
                                        next={"traces": sink, "profiles": sink}))
         await r.start()
-        async with asyncio.timeout(30):
-            while r.metrics["committed_messages"] < 2 * n:
-                await asyncio.sleep(0.05)
+        await _committed(r, 2 * n, within=30)
         await r.shutdown()
         assert sink.early == []
         assert r.metrics["accepted_samples"] == n and r.metrics["accepted_spans"] == n
@@ -370,9 +371,7 @@ class TestKafkaReceiver:
                              group_id=f"g-{uuid.uuid4().hex[:6]}", block_items=50)
         r = KafkaReceiver(cfg, Context("kafka", ["traces"], next={"traces": ex}))
         await r.start()
-        async with asyncio.timeout(60):
-            while r.metrics["committed_messages"] < 60:
-                await asyncio.sleep(0.05)
+        await _committed(r, 60, within=60)
         await r.shutdown()
         _, rows = await ex.query("SELECT count(), uniqExact(SpanId) FROM spanprof.otel_traces")
         await ex.shutdown()
@@ -389,9 +388,7 @@ class TestKafkaReceiver:
         sink = Recorder()
         r = await self._receiver(kafka_broker.bootstrap, topics, sink,
                                  f"g-{uuid.uuid4().hex[:6]}")
-        async with asyncio.timeout(20):
-            while r.metrics["committed_messages"] < 1:
-                await asyncio.sleep(0.05)
+        await _committed(r, 1, within=20)
         await r.shutdown()
         assert [b.signal for b in sink.batches] == ["profiles"]
 
