@@ -22,14 +22,20 @@ DEFAULT_ADMIN = os.environ.get("SPANPROF_ADMIN", "http://127.0.0.1:13133")
 
 
 def _config_errors(err: ConfigError) -> int:
+    """One line per problem, secrets redacted (a client library's error may quote them)."""
+    from pipeline.log import redact
+
     for p in err.problems:
-        print(f"error: {p}", file=sys.stderr)
+        print(f"error: {redact(p)}", file=sys.stderr)
     return 2
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    """Every problem in one run (pipeline.config collects them), exit 2; nothing starts."""
     from pipeline.config import load_file
+    from pipeline.log import configure
 
+    configure("warning")  # build() warns about unused components: on stderr, redacted
     try:
         cfg = load_file(args.config)
         from pipeline.graph import build
@@ -42,6 +48,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    """Exit 2 on a configuration problem, including one found at start-up (a port taken,
+    ClickHouse unreachable): one line naming the key; 1 if the service fails later."""
+    import structlog
+
     from pipeline.config import load_file
     from pipeline.log import configure
 
@@ -60,6 +70,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         asyncio.run(main())
     except ConfigError as err:
         return _config_errors(err)
+    except Exception:
+        # a bug, not an operator mistake: the traceback goes through the redacting logger
+        structlog.get_logger().exception("service_failed")
+        return 1
     return 0
 
 
@@ -218,9 +232,9 @@ def cmd_schema(args: argparse.Namespace) -> int:
     if args.what == "config":
         import msgspec
 
-        from pipeline.config import RawConfig
+        from pipeline.config import RawConfig, schema_hook
 
-        print(json.dumps(msgspec.json.schema(RawConfig), indent=2))
+        print(json.dumps(msgspec.json.schema(RawConfig, schema_hook=schema_hook), indent=2))
         return 0
     from pipeline.exporters.clickhouse.schema import SchemaOptions, render
 

@@ -58,8 +58,9 @@ def factories() -> dict[Kind, dict[str, Factory]]:
     from pipeline.receivers.pyroscope import FACTORY as pyroscope
     from processors.batch import FACTORY as batch
     from processors.correlate.connector import FACTORY as spancorrelator
+    from processors.memory_limiter import FACTORY as memory_limiter
 
-    FACTORIES = [otlp, kafka_receiver, pyroscope, batch, clickhouse, debug,
+    FACTORIES = [otlp, kafka_receiver, pyroscope, memory_limiter, batch, clickhouse, debug,
                  kafka_exporter, spancorrelator]
     out: dict[Kind, dict[str, Factory]] = {
         "receiver": {}, "processor": {}, "exporter": {}, "connector": {}

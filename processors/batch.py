@@ -17,15 +17,15 @@ import asyncio
 import msgspec
 
 from pipeline.component import Consumer
-from pipeline.config import Duration
+from pipeline.config import NonNegDuration, PositiveInt
 from pipeline.errors import ConfigError
 from pipeline.records import AttributionBatch, Batch, ProfileBatch, SpanBatch, Stack
 from pipeline.registry import Context, Factory
 
 
 class Config(msgspec.Struct, forbid_unknown_fields=True):
-    send_batch_size: int = 8192
-    timeout: Duration = Duration(0.2)
+    send_batch_size: PositiveInt = 8192
+    timeout: NonNegDuration = NonNegDuration(0.2)  # 0: send at once
 
     def validate(self) -> None:
         if self.send_batch_size < 1:

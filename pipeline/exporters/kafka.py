@@ -34,7 +34,7 @@ import msgspec
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
-from pipeline.config import Duration
+from pipeline.config import NonNegDuration, PositiveInt
 from pipeline.errors import ConfigError, Retryable
 from pipeline.kafka import ClientConfig, PartitionerName, partitioner
 from pipeline.otlp.split import halve_profiles, halve_traces, split_profiles, split_traces
@@ -44,8 +44,8 @@ from pipeline.registry import Context, Factory
 
 class ProducerConfig(msgspec.Struct, forbid_unknown_fields=True):
     compression: Literal["none", "gzip", "snappy", "lz4", "zstd"] = "zstd"
-    max_message_bytes: int = 1_000_000
-    linger: Duration = Duration(0.005)
+    max_message_bytes: PositiveInt = 1_000_000
+    linger: NonNegDuration = NonNegDuration(0.005)  # 0: send at once
 
 
 class Config(ClientConfig, forbid_unknown_fields=True):

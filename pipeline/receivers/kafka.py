@@ -54,7 +54,7 @@ from opentelemetry.proto.collector.profiles.v1development import profiles_servic
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as tps
 
 from pipeline.component import raise_worst
-from pipeline.config import Duration
+from pipeline.config import Duration, NonNegDuration, PositiveInt
 from pipeline.errors import ConfigError, InvalidData, Retryable
 from pipeline.kafka import ClientConfig
 from pipeline.kafka.blocks import Block, Entry, PartitionBlocks, decode_plan, encode_plan
@@ -69,11 +69,11 @@ Batch = SpanBatch | ProfileBatch
 class Config(ClientConfig, forbid_unknown_fields=True):
     group_id: str = "spanprof-correlator"
     initial_offset: Literal["earliest", "latest"] = "earliest"
-    max_poll_records: int = 2000
+    max_poll_records: PositiveInt = 2000
     # items (spans or samples) per insert block; a block is what is deduplicated as one
-    block_items: int = 20_000
+    block_items: PositiveInt = 20_000
     # on a backlog, a profile message waits until spans this far past it were sent on
-    spans_ahead: Duration = Duration(5.0)
+    spans_ahead: NonNegDuration = NonNegDuration(5.0)
     # ... but no longer than this (a message stamped far ahead, a backlog that never shrinks)
     spans_wait_max: Duration = Duration(300.0)
     check_copartitioning: bool = True

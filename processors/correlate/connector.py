@@ -35,7 +35,7 @@ from collections.abc import Callable
 
 import msgspec
 
-from pipeline.config import Duration
+from pipeline.config import Duration, NonNegDuration, PositiveInt
 from pipeline.errors import ConfigError, Retryable
 from pipeline.records import AttributionBatch, Batch, ProfileBatch, SpanBatch
 from pipeline.registry import Context, Factory
@@ -50,10 +50,10 @@ OUTBOX_CHUNK = 2_000  # attribution rows per batch sent on (each fans out to fun
 
 
 class Config(msgspec.Struct, forbid_unknown_fields=True):
-    grace: Duration = Duration(10.0)
+    grace: NonNegDuration = NonNegDuration(10.0)
     orphan_timeout: Duration = Duration(60.0)
     late_window: Duration = Duration(600.0)
-    max_entries: int = 200_000
+    max_entries: PositiveInt = 200_000
     flush_interval: Duration = Duration(1.0)
 
     def validate(self) -> None:
