@@ -1,8 +1,11 @@
 """ExportProfilesServiceRequest (v1development) -> ``ProfileBatch``.
 
-Every dictionary index is checked; a profile that references something out of range, or a
-link whose ids have the wrong length, is rejected whole (the unit ``partial_success``
-counts), the other profiles of the request are accepted.
+Every dictionary index is checked (``dictionary.py``); a profile that references something
+out of range, a link whose ids have the wrong length, or any value that could not be stored
+(times outside [1970, 2106), values over 2^44 ns, counts over UInt32, pids over UInt32:
+``bounds.py``) is rejected whole (the unit ``partial_success`` counts), the other profiles
+of the request are accepted. So is a profile that would take the request over its budget:
+``MAX_RECORDS`` sample records (timestamps make one each), the stack budget (``stacks.py``).
 
 Values are normalised to nanoseconds of one *measure* (see ``classify``), so that CPU from a
 ``cpu/nanoseconds`` profile, a ``samples/count`` profile with a CPU period (eBPF agents) and
@@ -11,8 +14,6 @@ a timestamps-only sample all add up in the same unit.
 
 from __future__ import annotations
 
-import hashlib
-import struct
 import time
 from typing import Any, NamedTuple
 
@@ -20,8 +21,22 @@ from opentelemetry.proto.collector.profiles.v1development.profiles_service_pb2 i
     ExportProfilesServiceRequest,
 )
 
-from pipeline.otlp.common import Rejections, attributes_dict, is_zero, service_name
-from pipeline.records import Measure, ProfileBatch, Sample, Stack
+from pipeline.otlp.bounds import (
+    MAX_COUNT,
+    MAX_RECORDS,
+    MAX_REQUEST_VALUE,
+    MAX_SAMPLE_VALUE,
+    TIME_MAX_NS,
+    TIME_RANGE,
+    UINT32_MAX,
+    time_problem,
+)
+from pipeline.otlp.common import Rejections, attributes_dict, service_name
+from pipeline.otlp.dictionary import Dictionary, Invalid, Where
+from pipeline.otlp.stacks import StackRefused, StackTable, stack_hash
+from pipeline.records import Measure, ProfileBatch, Sample
+
+__all__ = ["Decoded", "Kind", "classify", "decode_profiles", "stack_hash"]
 
 TIME_UNITS = {
     "nanoseconds": 1, "ns": 1, "nanosecond": 1,
@@ -72,189 +87,53 @@ class Decoded(NamedTuple):
     message: str
 
 
-class _Invalid(Exception):
-    pass
-
-
-# attribute keys that say where a sample was taken (semantic conventions), and the labels
-# Go programs set with pprof.Do, which eBPF profilers pass on as process.context.label.*
-WHERE_KEYS = frozenset({"thread.id", "thread.name", "span_name", "process.context.label.span_id",
-                        "process.context.label.trace_id", "process.context.label.span_name"})
-
-
-class _Where(NamedTuple):
-    thread_id: int
-    thread_name: str
-    span_name: str
-    label_trace_id: bytes  # from process.context.label.*: a link in all but name
-    label_span_id: bytes
-
-
-
-def _label_id(v: Any, size: int) -> bytes:
-    """A hex id label (Go's span_id labels) as bytes, b"" when absent, malformed or zero."""
-    if not isinstance(v, str) or len(v) != 2 * size:
-        return b""
-    try:
-        out = bytes.fromhex(v)
-    except ValueError:
-        return b""
-    return out if any(out) else b""
-
-
-def stack_hash(functions: list[str], files: list[str], lines: list[int]) -> int:
-    """A 63-bit id of a stack's frames, identical for identical stacks from any request."""
-    h = hashlib.blake2b(digest_size=8)
-    for fn, fl, ln in zip(functions, files, lines, strict=True):
-        h.update(fn.encode())
-        h.update(b"\x00")
-        h.update(fl.encode())
-        h.update(struct.pack("<q", ln))
-    return int.from_bytes(h.digest(), "little") >> 1
-
-
-class _Dictionary:
-    """Resolves and checks indices into one request's ``ProfilesDictionary``, with caches."""
-
-    def __init__(self, d: Any) -> None:
-        self.strings = list(d.string_table)
-        self.functions = d.function_table
-        self.locations = d.location_table
-        self.stacks_tbl = d.stack_table
-        self.links = d.link_table
-        self.attrs = d.attribute_table
-        self.n_attrs = len(d.attribute_table)
-        self._where_by_indices: dict[tuple[int, ...], _Where] = {}
-        self.stacks: dict[int, Stack] = {}
-        self._stack_by_index: dict[int, int] = {}
-        self._link_by_index: dict[int, tuple[bytes, bytes]] = {}
-
-    def string(self, i: int, what: str) -> str:
-        if not 0 <= i < len(self.strings):
-            raise _Invalid(f"{what} {i} out of range (string_table has {len(self.strings)})")
-        return str(self.strings[i])
-
-    def where(self, indices: Any) -> _Where:
-        """Thread, span name and label-borne ids from a sample's (or profile's) attributes."""
-        key = tuple(indices)
-        got = self._where_by_indices.get(key)
-        if got is not None:
-            return got
-        found: dict[str, Any] = {}
-        for ai in key:
-            if not 0 <= ai < self.n_attrs:
-                raise _Invalid(f"attribute_indices {ai} out of range "
-                               f"(attribute_table has {self.n_attrs})")
-            kv = self.attrs[ai]
-            name = self.string(kv.key_strindex, f"attribute_table[{ai}].key_strindex")
-            if name in WHERE_KEYS:
-                v = kv.value
-                found[name] = v.int_value if v.HasField("int_value") else v.string_value
-        tid = found.get("thread.id", 0)
-        try:
-            thread_id = int(tid)
-        except ValueError:
-            thread_id = 0
-        span = _label_id(found.get("process.context.label.span_id", ""), 8)
-        trace = _label_id(found.get("process.context.label.trace_id", ""), 16) if span else b""
-        got = self._where_by_indices[key] = _Where(
-            max(0, thread_id), str(found.get("thread.name", "")),
-            str(found.get("span_name", "") or found.get("process.context.label.span_name", "")),
-            trace, span)
-        return got
-
-    def stack(self, i: int) -> int:
-        sid = self._stack_by_index.get(i)
-        if sid is not None:
-            return sid
-        if not 0 <= i < len(self.stacks_tbl):
-            raise _Invalid(f"stack_index {i} out of range (stack_table has "
-                           f"{len(self.stacks_tbl)})")
-        functions: list[str] = []
-        files: list[str] = []
-        lines: list[int] = []
-        n_loc, n_fn = len(self.locations), len(self.functions)
-        for li in self.stacks_tbl[i].location_indices:
-            if not 0 <= li < n_loc:
-                raise _Invalid(f"stack_table[{i}] location index {li} out of range "
-                               f"(location_table has {n_loc})")
-            loc = self.locations[li]
-            if not loc.lines:
-                functions.append(f"0x{loc.address:x}")
-                files.append("")
-                lines.append(0)
-                continue
-            # pprof/OTLP: several lines = inlined calls, innermost first, the caller last
-            for line in loc.lines:
-                fi = line.function_index
-                if not 0 <= fi < n_fn:
-                    raise _Invalid(f"location_table[{li}] function_index {fi} out of range "
-                                   f"(function_table has {n_fn})")
-                fn = self.functions[fi]
-                functions.append(self.string(fn.name_strindex,
-                                             f"function_table[{fi}].name_strindex"))
-                files.append(self.string(fn.filename_strindex,
-                                         f"function_table[{fi}].filename_strindex"))
-                lines.append(int(line.line))
-        sid = stack_hash(functions, files, lines)
-        self.stacks.setdefault(sid, Stack(sid, functions, files, lines))
-        self._stack_by_index[i] = sid
-        return sid
-
-    def link(self, i: int) -> tuple[bytes, bytes]:
-        """(trace_id, span_id) or (b"", b"") for no link; index 0 is the no-link entry."""
-        got = self._link_by_index.get(i)
-        if got is not None:
-            return got
-        if not 0 <= i < len(self.links):
-            if i == 0:
-                return (b"", b"")  # an empty link_table: nothing links
-            raise _Invalid(f"link_index {i} out of range (link_table has {len(self.links)})")
-        lk = self.links[i]
-        tid, sid = bytes(lk.trace_id), bytes(lk.span_id)
-        if i == 0 or (is_zero(tid) and is_zero(sid)):
-            got = (b"", b"")
-        elif len(tid) != 16 or len(sid) != 8:
-            raise _Invalid(f"link_table[{i}] needs a 16-byte trace_id and an 8-byte span_id, "
-                           f"got {len(tid)} and {len(sid)} bytes")
-        elif is_zero(sid):
-            raise _Invalid(f"link_table[{i}] span_id must not be all zero when trace_id is set")
-        elif is_zero(tid):
-            # a span-only link (SDKs that label samples with span_id alone): the trace is
-            # resolved by span id in ClickHouse (span_index), whichever worker has the span
-            got = (b"", sid)
-        else:
-            got = (tid, sid)
-        self._link_by_index[i] = got
-        return got
-
-
-def decode_profiles(req: ExportProfilesServiceRequest) -> Decoded:
-    d = _Dictionary(req.dictionary)
+def decode_profiles(req: ExportProfilesServiceRequest, max_records: int = MAX_RECORDS,
+                    stacks: StackTable | None = None) -> Decoded:
+    """Accepted samples, and the profiles refused with why: a profile is refused whole when
+    anything it references is malformed or any value it carries could not be stored
+    (``pipeline/otlp/bounds.py``), or when it would take the request over ``max_records``
+    sample records or over the stack budget (``stacks``)."""
+    d = Dictionary(req.dictionary, stacks)
     samples: list[Sample] = []
     refused = Rejections()
     used_stacks: set[int] = set()
+    try:
+        d.check_zero_entries()
+        broken = ""
+    except Invalid as err:
+        broken = f"dictionary: {err}"
     for ri, rp in enumerate(req.resource_profiles):
         resource = attributes_dict(rp.resource.attributes)
         service = service_name(resource)
-        try:
-            pid = int(resource.get("process.pid", "0"))
-        except ValueError:
-            pid = 0
+        pid, pid_problem = _pid(resource)
         host = resource.get("host.name", "")
         for si, sp in enumerate(rp.scope_profiles):
             for pi, prof in enumerate(sp.profiles):
                 try:
-                    out = _decode_profile(d, prof, service, pid, host)
-                except _Invalid as err:
+                    if broken or pid_problem:
+                        raise Invalid(broken or pid_problem)
+                    out = _decode_profile(d, prof, service, pid, host, max_records)
+                except (Invalid, StackRefused) as err:
                     refused.add((ri, si, pi), f"resource_profiles[{ri}].scope_profiles[{si}]."
                                 f"profiles[{pi}]", err)
                     continue
                 samples.extend(out)
                 used_stacks.update(s.stack_id for s in out)
-    stacks = {sid: d.stacks[sid] for sid in used_stacks}
-    return Decoded(ProfileBatch(samples, stacks, sources=[(req, refused.paths)]),
+    stacks_out = {sid: d.stacks[sid] for sid in used_stacks}
+    return Decoded(ProfileBatch(samples, stacks_out, sources=[(req, refused.paths)]),
                    refused.count, refused.message)
+
+
+def _pid(resource: dict[str, str]) -> tuple[int, str]:
+    """process.pid as UInt32: not a number is "not known" (0); a number out of range is a
+    problem that refuses the resource's profiles."""
+    try:
+        pid = int(resource.get("process.pid", "0"))
+    except ValueError:
+        return 0, ""
+    if 0 <= pid <= UINT32_MAX:
+        return pid, ""
+    return 0, f"resource attribute process.pid {pid} is outside [0, {UINT32_MAX}]"
 
 
 def _ticks(value_ns: int, kind: Kind) -> int:
@@ -264,8 +143,23 @@ def _ticks(value_ns: int, kind: Kind) -> int:
     return 1
 
 
-def _decode_profile(d: _Dictionary, prof: Any, service: str, pid: int = 0,
-                    host: str = "") -> list[Sample]:
+def _check_instants(values: Any, stamps: Any, kind: Kind) -> None:
+    """One record per timestamp: the largest value and the last instant must fit (builtins
+    over the repeated fields, no per-value Python)."""
+    if max(stamps) >= TIME_MAX_NS:
+        raise Invalid(f"timestamps_unix_nano {max(stamps)} is outside the storable time range "
+                      f"{TIME_RANGE}")
+    raw = max(values) if values else 1
+    per = kind.per_value if values and not kind.value_is_count else (
+        kind.period_ns if kind.measure != "other" else 1)
+    if raw * per > MAX_SAMPLE_VALUE:
+        raise Invalid(f"value {raw} x {per} ns is over the per-sample limit {MAX_SAMPLE_VALUE}")
+    if not (values and not kind.value_is_count) and raw > MAX_COUNT:
+        raise Invalid(f"value {raw} ticks is over the count column (UInt32)")
+
+
+def _decode_profile(d: Dictionary, prof: Any, service: str, pid: int = 0,
+                    host: str = "", max_records: int = MAX_RECORDS) -> list[Sample]:
     st, pt = prof.sample_type, prof.period_type
     type_s = d.string(st.type_strindex, "sample_type.type_strindex")
     unit_s = d.string(st.unit_strindex, "sample_type.unit_strindex")
@@ -275,6 +169,13 @@ def _decode_profile(d: _Dictionary, prof: Any, service: str, pid: int = 0,
     whole = d.where(prof.attribute_indices)  # a per-thread profile says so here
     # a profile without a time is taken as "now": stored samples need a real time (TTL)
     t0 = int(prof.time_unix_nano) or time.time_ns()
+    problem = time_problem(t0, "time_unix_nano")
+    if problem:
+        raise Invalid(problem)
+    room = max_records - d.records
+    if len(prof.samples) > room:
+        raise Invalid(f"{len(prof.samples)} samples take the request over {max_records} "
+                      "sample records")
     out: list[Sample] = []
     for k, s in enumerate(prof.samples):
         try:
@@ -283,38 +184,65 @@ def _decode_profile(d: _Dictionary, prof: Any, service: str, pid: int = 0,
             where = d.where(s.attribute_indices) if s.attribute_indices else whole
             if not span_id and where.label_span_id:
                 trace_id, span_id = where.label_trace_id, where.label_span_id
-        except _Invalid as err:
-            raise _Invalid(f"samples[{k}]: {err}") from None
-        values, stamps = s.values, s.timestamps_unix_nano
-        if values and stamps and len(stamps) != len(values):
-            raise _Invalid(f"samples[{k}]: {len(values)} values but {len(stamps)} timestamps")
-        if values and min(values) < 0:
-            raise _Invalid(f"samples[{k}]: negative value {min(values)}")
+            values, stamps = s.values, s.timestamps_unix_nano
+            if values and stamps and len(stamps) != len(values):
+                raise Invalid(f"{len(values)} values but {len(stamps)} timestamps")
+            if values and min(values) < 0:
+                raise Invalid(f"negative value {min(values)}")
+            if stamps:
+                if len(out) + len(stamps) > room:
+                    raise Invalid(f"{len(stamps)} timestamps take the request over "
+                                  f"{max_records} sample records")
+                _check_instants(values, stamps, kind)
+        except (Invalid, StackRefused) as err:
+            raise Invalid(f"samples[{k}]: {err}") from None
         if not values and not stamps:
             continue  # an empty sample carries nothing
         thread_id = where.thread_id or whole.thread_id
         thread_name = where.thread_name or whole.thread_name
         if stamps:
-            # one record per instant: that is what lets the correlator place each one in
-            # the span (and thread) that was running then; no values: one period each
-            for n, ts in enumerate(stamps):
-                raw = values[n] if values else 1
-                if raw == 0:
-                    continue
-                if values and not kind.value_is_count:
-                    value, ticks = raw * kind.per_value, 1  # one instant, one tick
-                else:
-                    value = raw * (kind.period_ns if kind.measure != "other" else 1)
-                    ticks = raw
-                out.append(Sample(trace_id, span_id, service, int(ts), stack_id, kind.measure,
-                                  value, ticks, type_s, unit_s, thread_id, thread_name,
-                                  where.span_name, pid, host, True))
+            _instants(out, values, stamps, kind, (trace_id, span_id, service, stack_id),
+                      (type_s, unit_s, thread_id, thread_name, where.span_name, pid, host))
             continue
         raw = sum(values)
         if raw == 0:
             continue  # a zero sample carries nothing
         value = raw * kind.per_value
         ticks = raw if kind.value_is_count else _ticks(value, kind)
+        if value > MAX_SAMPLE_VALUE or ticks > MAX_COUNT:
+            raise Invalid(f"samples[{k}]: value {raw} ({value} after units, {ticks} ticks) is "
+                          f"over the per-sample limit {MAX_SAMPLE_VALUE} or UInt32 ticks")
         out.append(Sample(trace_id, span_id, service, t0, stack_id, kind.measure, value, ticks,
                           type_s, unit_s, thread_id, thread_name, where.span_name, pid, host))
+    if len(out) > room:
+        raise Invalid(f"{len(out)} sample records take the request over {max_records}")
+    total = d.value_total + sum(s.value for s in out)
+    if total > MAX_REQUEST_VALUE:
+        raise Invalid(f"values add up to {total}, over the request limit {MAX_REQUEST_VALUE}")
+    d.records += len(out)
+    d.value_total = total
     return out
+
+
+def _instants(out: list[Sample], values: Any, stamps: Any, kind: Kind,
+              who: tuple[bytes, bytes, str, int], what: tuple[str, str, int, str, str, int, str]
+              ) -> None:
+    """One record per instant: that is what lets the correlator place each one in the span
+    (and thread) that was running then; no values: one period each."""
+    trace_id, span_id, service, stack_id = who
+    type_s, unit_s, thread_id, thread_name, span_name, pid, host = what
+    for n, ts in enumerate(stamps):
+        raw = values[n] if values else 1
+        if raw == 0:
+            continue
+        if values and not kind.value_is_count:
+            value, ticks = raw * kind.per_value, 1  # one instant, one tick
+        else:
+            value = raw * (kind.period_ns if kind.measure != "other" else 1)
+            ticks = raw
+        out.append(Sample(trace_id, span_id, service, int(ts), stack_id, kind.measure,
+                          value, ticks, type_s, unit_s, thread_id, thread_name, span_name,
+                          pid, host, True))
+
+
+__all__ += ["Where"]

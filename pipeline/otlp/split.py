@@ -117,7 +117,9 @@ class _Compactor:
         e.filename_strindex = self.string(e.filename_strindex)
 
     def _fix_location_table(self, e: Any) -> None:
-        e.mapping_index = self._copy("mapping_table", e.mapping_index)
+        # without a mapping_table, index 0 means "no mapping" (the decoder accepts it)
+        if len(self.src.mapping_table):
+            e.mapping_index = self._copy("mapping_table", e.mapping_index)
         for line in e.lines:
             line.function_index = self._copy("function_table", line.function_index)
         e.attribute_indices[:] = self.attrs(e.attribute_indices)

@@ -1,11 +1,19 @@
-"""ExportTraceServiceRequest -> ``SpanBatch``, rejecting spans with malformed ids."""
+"""ExportTraceServiceRequest -> ``SpanBatch``, rejecting spans that could not be stored.
+
+A span is refused (counted in ``partial_success``) when its ids have the wrong length, it
+ends before it starts, or any of its times (start, end, events) is outside the storable
+range (``pipeline/otlp/bounds.py``): ``Timestamp`` also becomes ``DateTime`` columns, which
+end in 2106. Strings need no check here: protobuf refuses invalid UTF-8 when it parses
+(and ``pipeline/otlp/jsonwire.py`` refuses lone surrogates in JSON).
+"""
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from pipeline.otlp.bounds import TIME_MAX_NS, TIME_RANGE
 from pipeline.otlp.common import Rejections, attributes_dict, is_zero, service_name
 from pipeline.records import Span, SpanBatch, SpanEvent, SpanLink
 
@@ -26,8 +34,10 @@ def decode_traces(req: ExportTraceServiceRequest) -> Decoded:
             scope_name, scope_version = ss.scope.name, ss.scope.version
             for pi, s in enumerate(ss.spans):
                 problem = _check_ids(s.trace_id, s.span_id, s.parent_span_id)
-                if problem is None and s.end_time_unix_nano < s.start_time_unix_nano:
-                    problem = "end_time_unix_nano is before start_time_unix_nano"
+                if problem is None:
+                    problem = _check_times(s)
+                if problem is None and s.links:
+                    problem = _check_links(s.links)
                 if problem is not None:
                     refused.add((ri, si, pi),
                                 f"resource_spans[{ri}].scope_spans[{si}].spans[{pi}]", problem)
@@ -64,4 +74,24 @@ def _check_ids(trace_id: bytes, span_id: bytes, parent: bytes) -> str | None:
         return f"span_id must be 8 bytes and not all zero, got {len(span_id)} bytes"
     if parent and len(parent) != 8:
         return f"parent_span_id must be empty or 8 bytes, got {len(parent)} bytes"
+    return None
+
+
+def _check_times(s: Any) -> str | None:
+    """One chained comparison for the common span; events only when there are some."""
+    start, end = s.start_time_unix_nano, s.end_time_unix_nano
+    if start <= end < TIME_MAX_NS:  # unsigned on the wire: never below 1970
+        if s.events and max(e.time_unix_nano for e in s.events) >= TIME_MAX_NS:
+            return f"an events[].time_unix_nano is outside the storable time range {TIME_RANGE}"
+        return None
+    if end < start:
+        return "end_time_unix_nano is before start_time_unix_nano"
+    return f"end_time_unix_nano {end} is outside the storable time range {TIME_RANGE}"
+
+
+def _check_links(links: Any) -> str | None:
+    for i, lk in enumerate(links):
+        if len(lk.trace_id) not in (0, 16) or len(lk.span_id) not in (0, 8):
+            return (f"links[{i}] needs a 16-byte trace_id and an 8-byte span_id (or none), "
+                    f"got {len(lk.trace_id)} and {len(lk.span_id)} bytes")
     return None

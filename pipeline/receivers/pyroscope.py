@@ -5,7 +5,15 @@
         endpoint: 127.0.0.1:4040              # the SDKs' default server address
         max_request_bytes: 16777216           # body as sent
         max_decompressed_bytes: 67108864      # after gzip: a bomb is refused, not inflated
-        max_samples_per_request: 1000000
+        max_samples_per_request: 1000000      # records of a push, counted before any is built
+        max_stack_depth: 8192                 # frames in one stack, inlined lines included
+        max_table_entries: 1000000            # per pprof table (strings, functions, ...)
+        max_labels: 128                       # labels of one sample, or of one series
+        max_profiles_per_request: 1000        # raw profiles in one push
+        read_header_timeout: 10s              # slow clients: headers, body (408), idle
+        read_timeout: 30s
+        idle_timeout: 60s
+        max_connections: 1000                 # beyond: 503 + Retry-After
 
 * ``POST /push.v1.PusherService/Push`` (Connect unary, ``application/proto``, gzip body):
   series labels (``service_name``) and raw pprof samples;
@@ -15,28 +23,45 @@
 Samples become the same records as OTLP profiles, links taken from span labels (see
 ``pipeline/pyroscope/pprof.py``). Errors: 400 with a message for bad data (Connect error
 JSON on the push path), 413 for limits, 503 with ``Retry-After`` when downstream is full.
+
+A push is bounded before it is decoded: every raw profile of it is inflated within one
+``max_decompressed_bytes`` for the whole push, parsed and its tables checked, and its
+records counted; only when the push is within ``max_samples_per_request`` are records and
+stacks built, within a stack budget shared by the push (``pipeline/otlp/stacks.py``).
+Values that could not be stored (times after 2106, values over 2^44 ns, ...) are 400s
+naming the field (``pipeline/otlp/bounds.py``).
 """
 
 from __future__ import annotations
 
-import json
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 from aiohttp import web
 from google.protobuf.message import DecodeError
 
+from pipeline.config import Duration, PositiveInt, check_endpoint
 from pipeline.errors import InvalidData, Retryable, TooLarge
+from pipeline.otlp import jsonwire
+from pipeline.otlp.bounds import MAX_RECORDS
 from pipeline.otlp.common import UNKNOWN_SERVICE
+from pipeline.pyroscope import pprof
 from pipeline.pyroscope.messages import PushRequest, PushResponse
-from pipeline.pyroscope.pprof import decode_pprof
-from pipeline.receivers.http import HttpReceiver, check_endpoint, read_body
+from pipeline.receivers.http import (
+    BodyTimeout,
+    HttpReceiver,
+    UnsupportedEncoding,
+    read_body,
+)
 from pipeline.receivers.limits import check_items
 from pipeline.records import ProfileBatch
 from pipeline.registry import Context, Factory
 from processors.batch import merge
 
 PUSH_PATH = "/push.v1.PusherService/Push"
+# records of a push: values are bounded per sample so that a request's sum fits (bounds.py)
+RecordsLimit = Annotated[int, msgspec.Meta(ge=1, le=MAX_RECORDS)]
+Limit = Annotated[int, msgspec.Meta(ge=1, le=1 << 30)]
 # legacy app names end with the profile type: "checkout.cpu{env=prod}"
 PROFILE_SUFFIXES = (".cpu", ".wall", ".itimer", ".alloc_objects", ".alloc_space",
                     ".inuse_objects", ".inuse_space", ".lock_count", ".lock_duration")
@@ -44,12 +69,85 @@ PROFILE_SUFFIXES = (".cpu", ".wall", ".itimer", ".alloc_objects", ".alloc_space"
 
 class Config(msgspec.Struct, forbid_unknown_fields=True):
     endpoint: str = "127.0.0.1:4040"
-    max_request_bytes: int = 16 << 20
-    max_decompressed_bytes: int = 64 << 20
-    max_samples_per_request: int = 1_000_000
+    max_request_bytes: PositiveInt = 16 << 20
+    max_decompressed_bytes: PositiveInt = 64 << 20
+    max_samples_per_request: RecordsLimit = 1_000_000
+    max_stack_depth: Limit = pprof.DEFAULT_LIMITS.max_stack_depth
+    max_table_entries: Limit = 1_000_000
+    max_labels: Limit = 128
+    max_profiles_per_request: Limit = 1000
+    # the listener's guards against slow and greedy clients (pipeline/receivers/http.py)
+    read_header_timeout: Duration = Duration(10.0)
+    read_timeout: Duration = Duration(30.0)
+    idle_timeout: Duration = Duration(60.0)
+    max_connections: PositiveInt = 1000
 
     def validate(self) -> None:
         check_endpoint(self.endpoint)
+
+    @property
+    def limits(self) -> pprof.Limits:
+        return pprof.Limits(self.max_samples_per_request, self.max_stack_depth,
+                            self.max_table_entries, self.max_labels)
+
+
+def parse_name(name: str) -> tuple[str, dict[str, str]]:
+    """The legacy ``name`` query parameter, ``APP.cpu{k=v,...}`` -> (service, labels)."""
+    app, _, rest = name.partition("{")
+    labels = dict(kv.split("=", 1) for kv in rest.rstrip("}").split(",") if "=" in kv)
+    for suffix in PROFILE_SUFFIXES:
+        if app.endswith(suffix):
+            app = app[: -len(suffix)]
+    service = labels.get("service_name") or app or UNKNOWN_SERVICE
+    try:
+        service.encode()
+    except UnicodeEncodeError:
+        raise InvalidData("name: the application name is not valid UTF-8") from None
+    return service, labels
+
+
+def parse_sample_type_config(data: bytes) -> dict[str, Any]:
+    """The multipart ``sample_type_config`` part: a JSON object (strict: see jsonwire)."""
+    doc = jsonwire.loads(data, "sample_type_config")
+    if not isinstance(doc, dict):
+        raise InvalidData("sample_type_config: expected a JSON object")
+    return doc
+
+
+def decode_push(body: bytes, cfg: Config) -> list[ProfileBatch]:
+    """A push.v1.PushRequest, bounded before records are built (module docstring)."""
+    try:
+        req = PushRequest.FromString(body)
+    except DecodeError as err:
+        raise InvalidData(f"not a push.v1.PushRequest: {err}") from None
+    limits = cfg.limits
+    n_raw = sum(len(series.samples) for series in req.series)
+    if n_raw > cfg.max_profiles_per_request:
+        raise TooLarge(f"{n_raw} profiles in one push, over max_profiles_per_request="
+                       f"{cfg.max_profiles_per_request}")
+    room = cfg.max_decompressed_bytes
+    prepared: list[tuple[str, pprof.Prepared]] = []
+    records = 0
+    for i, series in enumerate(req.series):
+        if len(series.labels) > limits.max_labels:
+            raise TooLarge(f"series[{i}] has {len(series.labels)} labels, over max_labels="
+                           f"{limits.max_labels}")
+        labels = {lp.name: lp.value for lp in series.labels}
+        service = labels.get("service_name") or UNKNOWN_SERVICE
+        for j, raw in enumerate(series.samples):
+            try:
+                p = pprof.parse(raw.raw_profile, room)
+                room -= p.ByteSize()
+                prep = pprof.prepare(p, None, limits)
+            except InvalidData as err:
+                raise type(err)(f"series[{i}].samples[{j}]: {err}") from None
+            records += prep.records
+            if records > limits.max_samples:
+                raise TooLarge(f"more than {limits.max_samples} samples in one push, over "
+                               "max_samples_per_request: send smaller pushes")
+            prepared.append((service, prep))
+    budget = pprof.Budget(limits)
+    return [pprof.build(prep, service, budget) for service, prep in prepared]
 
 
 class PyroscopeReceiver(HttpReceiver):
@@ -88,11 +186,13 @@ class PyroscopeReceiver(HttpReceiver):
         try:
             await work()
         except InvalidData as err:
-            status = 413 if isinstance(err, TooLarge) else 400
+            status = 413 if isinstance(err, TooLarge) else 408 if isinstance(
+                err, BodyTimeout) else 415 if isinstance(err, UnsupportedEncoding) else 400
             self.metrics["refused_requests"] += 1
             self.log.info("pyroscope_request_refused", status=status, reason=str(err)[:300])
             if connect:
-                code = "resource_exhausted" if status == 413 else "invalid_argument"
+                code = {413: "resource_exhausted", 408: "deadline_exceeded"}.get(
+                    status, "invalid_argument")
                 return web.json_response({"code": code, "message": str(err)}, status=status)
             return web.Response(status=status, text=str(err))
         except Retryable as err:
@@ -110,21 +210,7 @@ class PyroscopeReceiver(HttpReceiver):
     async def push(self, request: web.Request) -> web.Response:
         async def work() -> None:
             body = await self._body(request)
-            try:
-                req = PushRequest.FromString(body)
-            except DecodeError as err:
-                raise InvalidData(f"not a push.v1.PushRequest: {err}") from None
-            batches = []
-            for i, series in enumerate(req.series):
-                labels = {lp.name: lp.value for lp in series.labels}
-                service = labels.get("service_name") or UNKNOWN_SERVICE
-                for j, raw in enumerate(series.samples):
-                    try:
-                        batches.append(decode_pprof(raw.raw_profile, service,
-                                                    self.cfg.max_decompressed_bytes))
-                    except InvalidData as err:
-                        raise InvalidData(f"series[{i}].samples[{j}]: {err}") from None
-            await self._deliver(batches)
+            await self._deliver(decode_push(body, self.cfg))
         return await self._handle(work, connect=True)
 
     async def ingest(self, request: web.Request) -> web.Response:
@@ -132,13 +218,7 @@ class PyroscopeReceiver(HttpReceiver):
             fmt = request.query.get("format", "folded")
             if fmt != "pprof":
                 raise InvalidData(f"format={fmt}: only pprof is supported")
-            name = request.query.get("name", "")
-            app, _, rest = name.partition("{")
-            labels = dict(kv.split("=", 1) for kv in rest.rstrip("}").split(",") if "=" in kv)
-            for suffix in PROFILE_SUFFIXES:
-                if app.endswith(suffix):
-                    app = app[: -len(suffix)]
-            service = labels.get("service_name") or app or UNKNOWN_SERVICE
+            service, _ = parse_name(request.query.get("name", ""))
             sample_types: dict[str, Any] | None = None
             if request.content_type.startswith("multipart/"):
                 data = b""
@@ -147,18 +227,13 @@ class PyroscopeReceiver(HttpReceiver):
                     if field == "profile":
                         data = await self._part(part)
                     elif field == "sample_type_config":
-                        try:
-                            sample_types = json.loads(await self._part(part))
-                        except ValueError as err:
-                            raise InvalidData(f"sample_type_config: not JSON: {err}") from None
-                        if not isinstance(sample_types, dict):
-                            raise InvalidData("sample_type_config: expected a JSON object")
+                        sample_types = parse_sample_type_config(await self._part(part))
                 if not data:
                     raise InvalidData("multipart form has no 'profile' part")
             else:
                 data = await self._body(request)
-            await self._deliver([decode_pprof(data, service, self.cfg.max_decompressed_bytes,
-                                              sample_types)])
+            await self._deliver([pprof.decode_pprof(
+                data, service, self.cfg.max_decompressed_bytes, sample_types, self.cfg.limits)])
         return await self._handle(work, connect=False)
 
 

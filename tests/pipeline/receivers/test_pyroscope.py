@@ -11,7 +11,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from pipeline.errors import Retryable
+from pipeline.errors import InvalidData, Retryable, TooLarge
 from pipeline.pyroscope.messages import Profile, PushRequest
 from pipeline.receivers.pyroscope import PUSH_PATH, Config, PyroscopeReceiver
 from pipeline.registry import Context
@@ -202,3 +202,111 @@ class TestPyroscopeReceiver:
             async with http.post(url + PUSH_PATH, data=push_body(raw), headers=HEADERS) as resp:
                 assert resp.status == 503 and resp.headers["Retry-After"] == "7"
         assert r.metrics["accepted_samples"] == 0
+
+
+def _push_of(raws: list[bytes], service: str = "svc") -> bytes:
+    req = PushRequest()
+    series = req.series.add()
+    series.labels.add(name="service_name", value=service)
+    for raw in raws:
+        series.samples.add(raw_profile=raw)
+    return req.SerializeToString()
+
+
+class TestPushBounds:
+    """Issue #13: a push is bounded before it is decoded, and unstorable values are 400s."""
+
+    def test_samples_counted_across_the_push_before_building(self) -> None:
+        """Many small profiles whose samples add up over the limit: 413 before any record
+        is built (the 331 KB push that became 2.68 GB)."""
+        from pipeline.receivers.pyroscope import decode_push
+
+        raw = gzip.compress(pprof([([1, 2], 5, {})] * 2000))
+        cfg = Config(max_samples_per_request=10_000)
+        with pytest.raises(TooLarge, match="max_samples_per_request"):
+            decode_push(_push_of([raw] * 6), cfg)
+        assert sum(len(b) for b in decode_push(_push_of([raw] * 5), cfg)) == 10_000
+
+    def test_deep_repeated_stacks_refused_with_bounded_memory(self) -> None:
+        """Samples of distinct stacks that repeat one inlined-heavy location thousands of
+        times: refused (413) by the frame budget, memory a small multiple of the input."""
+        import tracemalloc
+
+        from pipeline.receivers.pyroscope import decode_push
+
+        p = Profile.FromString(pprof([([1], 5, {})], locations=1))
+        for _ in range(500):
+            p.location[0].line.add(function_id=1, line=3)
+        for n in range(3000):
+            p.sample.add(location_id=[1] * (1 + n % 16), value=[5])
+        body = _push_of([gzip.compress(p.SerializeToString())])
+        tracemalloc.start()
+        with pytest.raises(TooLarge, match="frames"):
+            decode_push(body, Config())
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        assert peak < 100 * p.ByteSize() + (16 << 20), (peak, p.ByteSize())
+
+    @pytest.mark.parametrize("key, value, field", [
+        ("time_nanos", 7_258_118_400 * 10**9, "time_nanos"),
+        ("time_nanos", -1, "time_nanos"),
+        ("value", 2**63 - 1, "value"),
+    ])
+    def test_unstorable_values_are_400_naming_the_field(self, key: str, value: int,
+                                                        field: str) -> None:
+        from pipeline.receivers.pyroscope import decode_push
+
+        p = Profile.FromString(pprof([([1], 5, {})]))
+        if key == "value":
+            p.sample[0].value[0] = value
+        else:
+            p.time_nanos = value
+        with pytest.raises(InvalidData, match=field) as err:
+            decode_push(_push_of([p.SerializeToString()]), Config())
+        assert not isinstance(err.value, TooLarge)
+
+    def test_non_ascii_digit_labels_are_not_a_500(self) -> None:
+        """"²".isdigit() is True and int("²") fails: such labels are not numbers."""
+        from pipeline.pyroscope.pprof import decode_pprof
+
+        raw = pprof([([1], 5, {"thread_id": "²", "span_id": "²"})])
+        s = decode_pprof(raw, "svc").samples[0]
+        assert (s.thread_id, s.span_id) == (0, b"")
+
+    def test_too_many_labels_and_tables(self) -> None:
+        from pipeline.receivers.pyroscope import decode_push
+
+        raw = pprof([([1], 5, {f"k{i}": "v" for i in range(20)})])
+        with pytest.raises(TooLarge, match="max_labels=8"):
+            decode_push(_push_of([raw]), Config(max_labels=8))
+        with pytest.raises(TooLarge, match="max_table_entries=3"):
+            decode_push(_push_of([raw]), Config(max_table_entries=3))
+        with pytest.raises(TooLarge, match="max_profiles_per_request=2"):
+            decode_push(_push_of([raw] * 3), Config(max_profiles_per_request=2))
+
+    def test_decompressed_bytes_bounded_across_the_push(self) -> None:
+        """max_decompressed_bytes holds for the whole push, not per raw profile."""
+        from pipeline.receivers.pyroscope import decode_push
+
+        raw = gzip.compress(pprof([([1], 5, {"x": "y" * 50_000})]))
+        with pytest.raises(TooLarge, match="max_decompressed_bytes"):
+            decode_push(_push_of([raw] * 4), Config(max_decompressed_bytes=150_000))
+
+    def test_legacy_name_and_sample_type_config(self) -> None:
+        from pipeline.receivers.pyroscope import parse_name, parse_sample_type_config
+
+        assert parse_name("app.cpu{env=prod}") == ("app", {"env": "prod"})
+        with pytest.raises(InvalidData, match="UTF-8"):
+            parse_name("\udcff.cpu")
+        for bad in (b'{"\\ud800": {}}', b"[" * 10_000 + b"]" * 10_000, b"[1]"):
+            with pytest.raises(InvalidData, match="sample_type_config"):
+                parse_sample_type_config(bad)
+
+    def test_config_bounds(self) -> None:
+        """max_samples_per_request is at most 2^21: values are bounded per sample so that a
+        push's sum fits Int64 (pipeline/otlp/bounds.py)."""
+        import msgspec
+
+        with pytest.raises(msgspec.ValidationError):
+            msgspec.convert({"max_samples_per_request": 2**22}, Config)
+        assert msgspec.convert({}, Config).max_stack_depth == 8192

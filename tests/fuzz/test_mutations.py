@@ -1,0 +1,164 @@
+"""Fast in-process mutation fuzzing: the volume behind ``make fuzz``'s million inputs.
+
+Hypothesis (test_decoders.py) explores structure; this loop explores bytes, many times
+faster: a corpus of valid encodings (drawn once from the hypothesis strategies) is mutated
+with byte flips, extreme varints, repeated slices (the amplification shapes), truncation,
+splices and UTF-8-encoded lone surrogates, and every mutant goes through the same property:
+refused with ``InvalidData``, or storable. A failure names the seed and the mutant's bytes.
+
+``SPANPROF_FUZZ_MUTATIONS`` sets the mutants per decoder (default 600; ``make fuzz``: 120000),
+``SPANPROF_FUZZ_SEED`` the seed (default: random, printed on failure).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import random
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from google.protobuf.message import DecodeError
+from hypothesis.errors import NonInteractiveExampleWarning
+from opentelemetry.proto.collector.profiles.v1development.profiles_service_pb2 import (
+    ExportProfilesServiceRequest,
+)
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from pipeline.errors import InvalidData
+from pipeline.otlp import jsonwire
+from pipeline.pyroscope import pprof
+from pipeline.receivers import pyroscope
+from tests.fuzz import strategies as S
+from tests.fuzz.storable import storable
+from tests.fuzz.support import PROFILE, count
+from tests.fuzz.test_decoders import CFG, SMALL, _profiles, _traces
+
+MUTANTS = int(os.environ.get("SPANPROF_FUZZ_MUTATIONS",
+                             120_000 if PROFILE == "fuzz" else 600))
+CORPUS = 40 if PROFILE == "fuzz" else 12
+MAX_INPUT = 256 << 10
+VARINTS = [b"\xff" * 9 + b"\x01", b"\x80" * 9 + b"\x01", b"\xff\xff\xff\xff\x0f", b"\x00"]
+
+
+def _mutate(rnd: random.Random, data: bytes, corpus: list[bytes]) -> bytes:
+    out = bytearray(data)
+    for _ in range(rnd.randint(1, 4)):
+        i = rnd.randint(0, len(out)) if out else 0
+        op = rnd.randrange(7)
+        if op == 0 and out:
+            out[min(i, len(out) - 1)] = rnd.randrange(256)
+        elif op == 1:
+            out[i:i] = rnd.choice(VARINTS)
+        elif op == 2 and out:  # a slice repeated: many samples, frames, lines, labels
+            j = min(len(out), i + rnd.randint(1, 64))
+            out[i:i] = out[i:j] * rnd.choice([2, 10, 1000])
+        elif op == 3:
+            del out[i:]
+        elif op == 4:
+            other = rnd.choice(corpus)
+            k = rnd.randint(0, len(other))
+            out[i:] = other[k:]
+        elif op == 5:
+            out[i:i] = rnd.choice([b"\xed\xa0\x80", b"\\ud800", b"\xff", b"[" * 200, b"\xc2\xb2"])
+        else:
+            del out[i:i + rnd.randint(1, 8)]
+    return bytes(out[:MAX_INPUT])
+
+
+def _examples(strategy: Any, n: int) -> list[Any]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NonInteractiveExampleWarning)
+        return [strategy.example() for _ in range(n)]
+
+
+def _proto(kind: Any, check: Callable[[Any], None]) -> Callable[[bytes], None]:
+    def run(data: bytes) -> None:
+        try:
+            req = kind.FromString(data)
+        except DecodeError:
+            return
+        check(req)
+    return run
+
+
+def _json(kind: Any, check: Callable[[Any], None]) -> Callable[[bytes], None]:
+    def run(data: bytes) -> None:
+        try:
+            req = jsonwire.parse_request(data, kind)
+        except InvalidData:
+            return
+        check(req)
+    return run
+
+
+def _refused_or_storable(fn: Callable[[bytes], Any]) -> Callable[[bytes], None]:
+    def run(data: bytes) -> None:
+        try:
+            got = fn(data)
+        except InvalidData:
+            return
+        for b in got if isinstance(got, list) else [got]:
+            assert storable(b) == []
+    return run
+
+
+def _name(data: bytes) -> list[Any]:
+    # undecodable bytes become lone surrogates, as a lenient URL decoder may leave them
+    service, labels = pyroscope.parse_name(data.decode("utf-8", "surrogateescape"))
+    service.encode()
+    return []
+
+
+def _config(data: bytes) -> list[Any]:
+    json.dumps(pyroscope.parse_sample_type_config(data)).encode()
+    return []
+
+
+DECODERS: dict[str, tuple[Callable[[], list[bytes]], Callable[[bytes], None]]] = {
+    "otlp_traces_proto": (lambda: [m.SerializeToString() for m in
+                                   _examples(S.trace_requests(), CORPUS)],
+                          _proto(ExportTraceServiceRequest, _traces)),
+    "otlp_profiles_proto": (lambda: [m.SerializeToString() for m in
+                                     _examples(S.profile_requests(), CORPUS)],
+                            _proto(ExportProfilesServiceRequest, _profiles)),
+    "otlp_traces_json": (lambda: _examples(S.otlp_json(S.trace_requests()), CORPUS),
+                         _json(ExportTraceServiceRequest, _traces)),
+    "otlp_profiles_json": (lambda: _examples(S.otlp_json(S.profile_requests()), CORPUS),
+                           _json(ExportProfilesServiceRequest, _profiles)),
+    "pprof": (lambda: [p.SerializeToString() for p in _examples(S.pprofs(), CORPUS)],
+              _refused_or_storable(lambda d: pprof.decode_pprof(d, "svc", 1 << 20, None,
+                                                                 SMALL))),
+    "pprof_gzip": (lambda: [p.SerializeToString() for p in _examples(S.pprofs(), CORPUS)],
+                   _refused_or_storable(lambda d: pprof.decode_pprof(
+                       gzip.compress(d, 1), "svc", 1 << 20, None, SMALL))),
+    "pyroscope_push": (lambda: _examples(S.push_requests(), CORPUS),
+                       _refused_or_storable(lambda d: pyroscope.decode_push(d, CFG))),
+    "ingest_name": (lambda: [b"app.cpu{service_name=x,env=prod}", b"\xc2\xb2{a=b}", b"!"],
+                    _refused_or_storable(_name)),
+    "sample_type_config": (lambda: [b'{"itimer": {"units": "samples", "display-name": "cpu"}}',
+                                    b'{"a": [1, {"b": "\\u00b2"}]}'],
+                           _refused_or_storable(_config)),
+}
+
+
+@pytest.mark.parametrize("decoder", sorted(DECODERS))
+def test_mutants_refused_or_storable(decoder: str) -> None:
+    """Every mutant of a valid input: InvalidData, or storable output. Nothing else."""
+    seed = int(os.environ.get("SPANPROF_FUZZ_SEED", random.randrange(1 << 32)))
+    rnd = random.Random(seed)
+    make_corpus, run = DECODERS[decoder]
+    corpus = [c for c in make_corpus() if c] or [b"\x00"]
+    for n in range(MUTANTS):
+        data = _mutate(rnd, rnd.choice(corpus), corpus)
+        try:
+            run(data)
+        except BaseException as err:
+            count(decoder, n + 1)
+            raise AssertionError(f"{decoder}: mutant {n} of SPANPROF_FUZZ_SEED={seed} "
+                                 f"raised {type(err).__name__}: {err}\n"
+                                 f"input ({len(data)} bytes): {data[:4000]!r}") from err
+    count(decoder, MUTANTS)
