@@ -15,6 +15,7 @@ import structlog
 from pipeline.admin.server import AdminServer
 from pipeline.config import Config
 from pipeline.graph import Graph, build
+from pipeline.receivers.http import ServerLimits
 
 
 class Service:
@@ -22,8 +23,8 @@ class Service:
         self.cfg = cfg
         self.graph: Graph = build(cfg)
         admin = cfg.service.admin
-        self.admin = AdminServer(admin.endpoint, self.graph, admin.query_exporter) \
-            if admin.enabled else None
+        self.admin = AdminServer(admin.endpoint, self.graph, admin.query_exporter,
+                                 limits=ServerLimits.of(admin)) if admin.enabled else None
         self.log = structlog.get_logger().bind(component="service")
         self._stop = asyncio.Event()
 

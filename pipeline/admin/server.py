@@ -12,6 +12,13 @@ the running pipeline, which asks ClickHouse on its own connection::
     GET /api/v1/stacks?trace_id=T&span_id=S | ?service=S&operation=O&since=1h   flame graph
 
 ``method``: ``exact`` (link + link+time, the default), ``all``, or a comma-separated list.
+
+Every parameter is checked before a query runs, and a bad one is a 400 naming it: ranges
+outside 1970..2106 (ClickHouse ``DateTime``) or reversed, ``limit`` outside 1..10000,
+ids that are not 32 / 16 hex characters, service and operation names with control
+characters, NUL or lone surrogates or over 1024 characters. A 500 is a server fault only,
+logged as ``http_handler_failed``. Connection limits are those of
+pipeline/receivers/http.py (``ServerLimits``), set from ``service.admin``.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+from collections import Counter
 from typing import Any
 
 import msgspec
@@ -27,9 +35,11 @@ from aiohttp import web
 
 from pipeline.admin import queries
 from pipeline.graph import Graph
-from pipeline.receivers.http import serve
+from pipeline.log import redact
+from pipeline.receivers.http import ServerLimits, serve
 
 MAX_LIMIT = 10_000
+MAX_TEXT = 1024  # characters in a service or operation name
 
 
 def _json(data: Any, status: int = 200) -> web.Response:
@@ -38,12 +48,15 @@ def _json(data: Any, status: int = 200) -> web.Response:
 
 
 def _error(status: int, message: str) -> web.Response:
-    return _json({"error": message}, status=status)
+    return _json({"error": redact(message)}, status=status)
 
 
 class AdminServer:
-    def __init__(self, endpoint: str, graph: Graph, query_exporter: str = "") -> None:
+    def __init__(self, endpoint: str, graph: Graph, query_exporter: str = "",
+                 limits: ServerLimits | None = None) -> None:
         self.endpoint = endpoint
+        self.limits = limits or ServerLimits()
+        self.guard_metrics: Counter[str] = Counter()  # the listener's guards
         self.graph = graph
         self.log = structlog.get_logger().bind(component="admin")
         exporters = {k: v for k, v in graph.components("exporter").items()
@@ -65,7 +78,8 @@ class AdminServer:
         app.router.add_get("/api/v1/stacks", self.stacks)
         host, _, port = self.endpoint.rpartition(":")
         self._runner, self.port = await serve(app, f"{host or '127.0.0.1'}:{port}",
-                                              "service.admin.endpoint")
+                                              "service.admin.endpoint", self.limits,
+                                              self.guard_metrics, self.log)
         self.log.info("admin_listening", endpoint=self.endpoint, port=self.port)
 
     async def shutdown(self) -> None:
@@ -78,7 +92,7 @@ class AdminServer:
             return _json({"status": "stopping", "pid": os.getpid()}, status=503)
         # a component whose own loop died (``failed``) makes the process unhealthy, so
         # that an orchestrator restarts it rather than it idling with a 200
-        failed = {key: f for key, node in self.graph.nodes.items()
+        failed = {key: redact(str(f)) for key, node in self.graph.nodes.items()
                   if (f := getattr(node.component, "failed", None))}
         if failed:
             return _json({"status": "failed", "pid": os.getpid(), "failed": failed},
@@ -98,6 +112,8 @@ class AdminServer:
                 base, _, table = name.partition(".")
                 labels = f'{kind}="{cid}"' + (f',table="{table}"' if table else "")
                 lines.append(f"spanprof_{kind}_{base}_total{{{labels}}} {value}")
+        for name, value in sorted(self.guard_metrics.items()):  # this listener's own
+            lines.append(f"spanprof_admin_{name}_total {value}")
         return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 
     def _db(self) -> Any:
@@ -113,69 +129,65 @@ class AdminServer:
             order = q.get("order", "cpu")
             if order not in ("cpu", "inclusive", "duration", "off_cpu"):
                 raise _BadRequest("order: expected cpu, inclusive, duration or off_cpu")
-            queries.methods_of(q.get("method", "exact"))  # ValueError -> 400, before limit
+            method, limit, service = _method(q), _limit(q), _text(q, "service")
             return {"spans": await queries.top_spans(
-                self._db(), self._database(), order=order, limit=_limit(q),
-                service=q.get("service") or None, method=q.get("method", "exact"))}
+                self._db(), self._database(), order=order, limit=limit, service=service,
+                method=method)}
         return await self._answer(request, work)
 
     async def _answer(self, request: web.Request, work: Any) -> web.Response:
+        """``work``'s answer as JSON; 400 for a bad parameter (``_BadRequest``, raised
+        before any query runs). Anything else is a server fault: the app's middleware
+        logs it and answers 500."""
         if self.db is None:
             return _error(404, "no clickhouse exporter in this pipeline: nothing to query")
         try:
             return _json(await work(request.query, time.time()))
-        except (_BadRequest, ValueError) as err:
+        except _BadRequest as err:
             return _error(400, str(err))
 
     async def functions(self, request: web.Request) -> web.Response:
         async def work(q: Any, now: float) -> Any:
-            rng = queries.parse_range(_param(q, "since") or "1h", now)
-            return await queries.functions(
-                self._db(), self._database(), str(_param(q, "service", True)),
-                _param(q, "operation"), rng, limit=_limit(q), method=q.get("method", "exact"))
+            service, operation = str(_text(q, "service", True)), _text(q, "operation")
+            rng, limit, method = _range(q, "since", now, "1h"), _limit(q), _method(q)
+            return await queries.functions(self._db(), self._database(), service, operation,
+                                           rng, limit=limit, method=method)
         return await self._answer(request, work)
 
     async def diff(self, request: web.Request) -> web.Response:
         async def work(q: Any, now: float) -> Any:
-            before = queries.parse_range(str(_param(q, "before", True)), now)
-            after = queries.parse_range(str(_param(q, "after", True)), now)
-            return await queries.diff(
-                self._db(), self._database(), str(_param(q, "service", True)),
-                _param(q, "operation"), before, after, limit=_limit(q),
-                method=q.get("method", "exact"))
+            service, operation = str(_text(q, "service", True)), _text(q, "operation")
+            before, after = _range(q, "before", now), _range(q, "after", now)
+            limit, method = _limit(q), _method(q)
+            return await queries.diff(self._db(), self._database(), service, operation,
+                                      before, after, limit=limit, method=method)
         return await self._answer(request, work)
 
     async def stacks(self, request: web.Request) -> web.Response:
         async def work(q: Any, now: float) -> Any:
+            method = _method(q)
             tid, sid = _param(q, "trace_id"), _param(q, "span_id")
             if tid or sid:
-                if not (tid and queries.HEX32.match(tid.lower())):
-                    raise _BadRequest("trace_id: expected 32 hex characters")
-                if not (sid and len(sid) == 16):
-                    raise _BadRequest("span_id: expected 16 hex characters")
-                return await queries.span_stacks(self._db(), self._database(), tid.lower(),
-                                                 sid.lower(), method=q.get("method", "exact"))
-            rng = queries.parse_range(_param(q, "since") or "1h", now)
-            return await queries.operation_stacks(
-                self._db(), self._database(), str(_param(q, "service", True)),
-                _param(q, "operation"), rng, method=q.get("method", "exact"))
+                tid, sid = _hex_id(tid, "trace_id", 32), _hex_id(sid, "span_id", 16)
+                return await queries.span_stacks(self._db(), self._database(), tid, sid,
+                                                 method=method)
+            service, operation = str(_text(q, "service", True)), _text(q, "operation")
+            rng = _range(q, "since", now, "1h")
+            return await queries.operation_stacks(self._db(), self._database(), service,
+                                                  operation, rng, method=method)
         return await self._answer(request, work)
 
     async def trace(self, request: web.Request) -> web.Response:
-        if self.db is None:
-            return _error(404, "no clickhouse exporter in this pipeline: nothing to query")
-        tid = request.match_info["trace_id"].lower()
-        if not queries.HEX32.match(tid):
-            return _error(400, "trace_id: expected 32 hex characters")
+        async def work(q: Any, now: float) -> Any:
+            tid = _hex_id(request.match_info["trace_id"], "trace_id", 32)
+            result = await queries.trace(self._db(), self._database(), tid, method=_method(q))
+            if not result["spans"]:
+                raise _NotFound(f"trace {tid} not found")
+            return result
         try:
-            method = request.query.get("method", "exact")
-            queries.methods_of(method)
-        except ValueError as err:
-            return _error(400, str(err))
-        result = await queries.trace(self.db, self._database(), tid, method=method)
-        if not result["spans"]:
-            return _error(404, f"trace {tid} not found")
-        return _json(result)
+            return await self._answer(request, work)
+        except _NotFound as err:
+            return _error(404, str(err))
 
 
 def _limit(q: Any) -> int:
@@ -189,6 +201,10 @@ def _limit(q: Any) -> int:
 
 
 class _BadRequest(Exception):
+    """A query parameter is wrong: 400, its message names the parameter."""
+
+
+class _NotFound(Exception):
     pass
 
 
@@ -197,3 +213,41 @@ def _param(q: Any, name: str, required: bool = False) -> str | None:
     if required and v is None:
         raise _BadRequest(f"{name}: required")
     return str(v) if v is not None else None
+
+
+def _text(q: Any, name: str, required: bool = False) -> str | None:
+    """A name compared with stored ones (service, operation): printable, bounded."""
+    v = _param(q, name, required)
+    if v is None:
+        return None
+    if len(v) > MAX_TEXT:
+        raise _BadRequest(f"{name}: longer than {MAX_TEXT} characters")
+    if any(ord(c) < 32 or 127 <= ord(c) < 160 or 0xD800 <= ord(c) < 0xE000 for c in v):
+        raise _BadRequest(f"{name}: control characters, NUL and lone surrogates are not "
+                          "allowed")
+    return v
+
+
+def _hex_id(v: str | None, name: str, length: int) -> str:
+    """A trace (32) or span (16) id as lowercase hex."""
+    v = (v or "").lower()
+    if len(v) != length or not all(c in "0123456789abcdef" for c in v):
+        raise _BadRequest(f"{name}: expected {length} hex characters")
+    return v
+
+
+def _range(q: Any, name: str, now: float, default: str | None = None) -> tuple[int, int]:
+    spec = _param(q, name, default is None) or str(default)
+    try:
+        return queries.parse_range(spec, now, name)
+    except ValueError as err:
+        raise _BadRequest(str(err)) from None
+
+
+def _method(q: Any) -> str:
+    method = str(q.get("method", "exact"))
+    try:
+        queries.methods_of(method)
+    except ValueError as err:
+        raise _BadRequest(str(err)) from None
+    return method

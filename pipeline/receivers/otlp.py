@@ -7,15 +7,24 @@ Collector.
           grpc:                                  # TraceService/Export, ProfilesService/Export
             endpoint: 127.0.0.1:4317
             max_recv_msg_size_mib: 16            # after decompression (gzip bombs stop here)
-            max_concurrent_streams: 64
+            max_concurrent_streams: 1024         # HTTP/2 streams per connection
+            max_concurrent_requests: 256         # over: UNAVAILABLE + RetryInfo (~1s)
+            handshake_timeout: 10s               # HTTP/2 preface and settings
+            max_connection_idle: 5m              # no call for this long: GOAWAY
+            keepalive_time: 60s                  # ping a quiet connection, drop it when
+            keepalive_timeout: 20s               # the ping is not answered by then
             max_spans_per_request: 100000
             max_samples_per_request: 1000000
           http:                                  # POST /v1/traces, /v1development/profiles
             endpoint: 127.0.0.1:4318
-            max_request_bytes: 16777216          # body as sent
+            max_request_bytes: 16777216          # body as sent, chunked too
             max_decompressed_bytes: 67108864     # after gzip
             max_spans_per_request: 100000
             max_samples_per_request: 1000000
+            read_header_timeout: 10s             # request line + headers, else closed
+            read_timeout: 30s                    # the whole body: 408, closed
+            idle_timeout: 60s                    # keep-alive connection without a request
+            max_connections: 1000                # more: 503 + Retry-After: 1, closed
 
 A protocol runs when its key is present (``grpc:`` with no value takes the defaults, as in
 the Collector); with no ``protocols`` at all, gRPC alone runs. Both servers feed the same

@@ -9,6 +9,29 @@ only once the pipeline has made the data durable; if it cannot, the client gets
 is enforced by gRPC on the message *after* decompression (a gzip bomb is refused,
 ``RESOURCE_EXHAUSTED``), and ``max_spans_per_request`` / ``max_samples_per_request`` on the
 message before decoding.
+
+Hostile or simply too many clients (keys of the ``grpc`` protocol, defaults in brackets):
+
+* ``max_concurrent_requests`` [256]: Export calls being handled at once, over all
+  connections. One more is answered ``UNAVAILABLE`` with a ``RetryInfo`` delay of about
+  a second, so that exporters back off and retry: grpc's own limits answer
+  ``RESOURCE_EXHAUSTED`` (``maximum_concurrent_rpcs``) or refuse the stream (HTTP/2
+  ``max_concurrent_streams``) without a delay, which clients count as failures.
+* ``max_concurrent_streams`` [1024]: HTTP/2 streams per connection, kept above
+  ``max_concurrent_requests`` so that the answer above is the one clients see.
+* ``handshake_timeout`` [10s] (``grpc.server_handshake_timeout_ms``): a connection that has
+  not sent the HTTP/2 preface and settings by then is closed (a silent or slow socket).
+* ``max_connection_idle`` [5m] (``grpc.max_connection_idle_ms``): a connection without a
+  call for this long gets a GOAWAY (clients reconnect when they next send).
+* ``keepalive_time`` [60s] / ``keepalive_timeout`` [20s] (``grpc.keepalive_*``): the server
+  pings a connection quiet for ``keepalive_time`` and drops it if the ping is not answered
+  within ``keepalive_timeout`` (a vanished client no longer holds its streams).
+* Fixed: clients may ping every 10s, with or without calls
+  (``grpc.http2.min_ping_interval_without_data_ms``, ``grpc.keepalive_permit_without_calls``),
+  the OpenTelemetry SDKs' keepalive settings included; faster pingers get a GOAWAY.
+
+A message trickled slowly is bounded by the client's deadline, ``max_recv_msg_size_mib``
+and the keepalive; grpc core has no per-message read timeout.
 """
 
 from __future__ import annotations
@@ -24,6 +47,13 @@ from google.rpc import error_details_pb2, status_pb2
 from opentelemetry.proto.collector.profiles.v1development import profiles_service_pb2 as pps
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as tps
 
+from pipeline.config import (
+    Duration,
+    MessageSizeMiB,
+    PositiveInt,
+    PositiveInt32,
+    check_endpoint,
+)
 from pipeline.errors import ConfigError, InvalidData, Retryable, TooLarge
 from pipeline.otlp.profiles import decode_profiles
 from pipeline.otlp.traces import decode_traces
@@ -58,17 +88,29 @@ _SERVICES: dict[str, tuple[Any, Any, Any, str]] = {
 }
 
 
+CLIENT_PING_MIN_MS = 10_000
+RETRY_BUSY_S = 1.0  # the delay asked of a call refused over max_concurrent_requests
+
+
+def _ms(seconds: float) -> int:
+    """A duration as grpc core's millisecond options take it (a C int)."""
+    return min(int(seconds * 1000), 2**31 - 1)
+
+
 class GrpcConfig(msgspec.Struct, forbid_unknown_fields=True):
     endpoint: str = "127.0.0.1:4317"
-    max_recv_msg_size_mib: int = 16
-    max_concurrent_streams: int = 64
-    max_spans_per_request: int = 100_000
-    max_samples_per_request: int = 1_000_000
+    max_recv_msg_size_mib: MessageSizeMiB = 16
+    max_concurrent_streams: PositiveInt32 = 1024      # HTTP/2 streams per connection
+    max_concurrent_requests: PositiveInt = 256        # over: UNAVAILABLE + RetryInfo
+    handshake_timeout: Duration = Duration(10.0)      # HTTP/2 preface + settings
+    max_connection_idle: Duration = Duration(300.0)   # no call for this long: GOAWAY
+    keepalive_time: Duration = Duration(60.0)         # ping a quiet connection ...
+    keepalive_timeout: Duration = Duration(20.0)      # ... drop it if no answer by then
+    max_spans_per_request: PositiveInt = 100_000
+    max_samples_per_request: PositiveInt = 1_000_000
 
     def validate(self, key: str) -> None:
-        host, _, port = self.endpoint.rpartition(":")
-        if not host or not port.isdigit():
-            raise ConfigError(f"{key}.endpoint: expected HOST:PORT, got {self.endpoint!r}")
+        check_endpoint(self.endpoint, f"{key}.endpoint")
         if self.max_recv_msg_size_mib < 1:
             raise ConfigError(f"{key}.max_recv_msg_size_mib: must be at least 1")
 
@@ -82,6 +124,7 @@ class GrpcServer:
         self.port: int | None = None
         self.metrics: Counter[str] = Counter()
         self._stopped = False
+        self._in_flight = 0
 
     def __repr__(self) -> str:
         return f"<GrpcServer {self.ctx.id} port={self.port} {dict(self.metrics)}>"
@@ -92,6 +135,12 @@ class GrpcServer:
         self.server = grpc.aio.server(options=[
             ("grpc.max_receive_message_length", size),
             ("grpc.max_concurrent_streams", g.max_concurrent_streams),
+            ("grpc.server_handshake_timeout_ms", _ms(g.handshake_timeout)),
+            ("grpc.max_connection_idle_ms", _ms(g.max_connection_idle)),
+            ("grpc.keepalive_time_ms", _ms(g.keepalive_time)),
+            ("grpc.keepalive_timeout_ms", _ms(g.keepalive_timeout)),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.min_ping_interval_without_data_ms", CLIENT_PING_MIN_MS),
         ])
         handlers = {}
         if "traces" in self.ctx.next:
@@ -122,7 +171,24 @@ class GrpcServer:
 
     async def _export(self, signal: str, data: bytes,
                       context: grpc.aio.ServicerContext) -> bytes:
-        """Parse, validate, deliver and answer one Export call of either service."""
+        """One Export call of either service, if fewer than ``max_concurrent_requests``
+        are being handled; otherwise UNAVAILABLE with a delay, before any parsing."""
+        limit = self.cfg.max_concurrent_requests
+        if self._in_flight >= limit:
+            self.metrics["throttled_requests"] += 1
+            msg = (f"receivers.{self.ctx.id}.protocols.grpc: {self._in_flight} requests in "
+                   f"flight, at max_concurrent_requests={limit}: retry later")
+            await context.abort(grpc.StatusCode.UNAVAILABLE, msg,
+                                trailing_metadata=retry_trailers(msg, RETRY_BUSY_S))
+        self._in_flight += 1
+        try:
+            return await self._export_admitted(signal, data, context)
+        finally:
+            self._in_flight -= 1
+
+    async def _export_admitted(self, signal: str, data: bytes,
+                               context: grpc.aio.ServicerContext) -> bytes:
+        """Parse, validate, deliver and answer one Export call."""
         request_type, response_type, decode, rejected_field = _SERVICES[signal]
         try:
             req = request_type.FromString(data)

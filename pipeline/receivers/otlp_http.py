@@ -7,12 +7,16 @@ or not. As the OTLP/HTTP spec says: 200 with the Export*ServiceResponse (``parti
 when items were refused), 400 for a malformed body, 415 for another content type, 413 over
 a limit, 503 with ``Retry-After`` when the pipeline cannot take the data now; error bodies
 are a ``google.rpc.Status``. Responses use the request's encoding.
+
+Whatever a client sends is answered 4xx, never 500: a body that cannot be parsed or
+decoded (deep JSON nesting, lone surrogates, invalid UTF-8, numbers out of range) is a 400
+naming the body; a content type or ``Content-Encoding`` it cannot read is a 415; a body
+slower than ``read_timeout`` a 408. Connection limits (``read_header_timeout``,
+``read_timeout``, ``idle_timeout``, ``max_connections``) are pipeline/receivers/http.py's.
 """
 
 from __future__ import annotations
 
-import base64
-import json
 from typing import Any
 
 import msgspec
@@ -23,10 +27,17 @@ from google.rpc.status_pb2 import Status
 from opentelemetry.proto.collector.profiles.v1development import profiles_service_pb2 as pps
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as tps
 
+from pipeline.config import Duration, PositiveInt, check_endpoint
 from pipeline.errors import InvalidData, Retryable, TooLarge
+from pipeline.otlp import jsonwire
 from pipeline.otlp.profiles import decode_profiles
 from pipeline.otlp.traces import decode_traces
-from pipeline.receivers.http import HttpReceiver, check_endpoint, read_body
+from pipeline.receivers.http import (
+    BodyTimeout,
+    HttpReceiver,
+    UnsupportedEncoding,
+    read_body,
+)
 from pipeline.receivers.limits import check_items, count_items
 
 ROUTES: dict[str, tuple[str, Any, Any, str]] = {
@@ -34,35 +45,39 @@ ROUTES: dict[str, tuple[str, Any, Any, str]] = {
     "/v1development/profiles": ("profiles", pps.ExportProfilesServiceRequest, decode_profiles,
                                 "rejected_profiles"),
 }
-# OTLP JSON writes these bytes fields as hex, protobuf's JSON mapping expects base64
 ITEMS = {"traces": "spans", "profiles": "samples"}
-HEX_FIELDS = {"traceId", "spanId", "parentSpanId", "trace_id", "span_id", "parent_span_id",
-              "profileId", "profile_id"}
 
 
-def _hex_to_base64(node: Any, path: str = "") -> Any:
-    if isinstance(node, dict):
-        out = {}
-        for k, v in node.items():
-            if k in HEX_FIELDS and isinstance(v, str):
-                try:
-                    out[k] = base64.b64encode(bytes.fromhex(v)).decode()
-                except ValueError:
-                    raise InvalidData(f"{path}{k}: {v!r} is not a hex id") from None
-            else:
-                out[k] = _hex_to_base64(v, f"{path}{k}.")
-        return out
-    if isinstance(node, list):
-        return [_hex_to_base64(v, path) for v in node]
-    return node
+# what a client's body can make the parsers raise: a 400, never a 500
+CLIENT_FAULTS = (InvalidData, DecodeError, json_format.ParseError, ValueError, TypeError,
+                 RecursionError, OverflowError)
+
+
+def _parse(body: bytes, request_type: Any, is_json: bool) -> Any:
+    """The request message; JSON through pipeline/otlp/jsonwire.py (strict UTF-8, no lone
+    surrogates, bounded depth, hex ids)."""
+    if is_json:
+        return jsonwire.parse_request(body, request_type)
+    return request_type.FromString(body)
+
+
+def _printable(text: str) -> str:
+    """``text`` safe to put in a protobuf string (lone surrogates from a client's JSON
+    would make encoding the error answer itself fail)."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 class HttpConfig(msgspec.Struct, forbid_unknown_fields=True):
     endpoint: str = "127.0.0.1:4318"
-    max_request_bytes: int = 16 << 20         # body as sent
-    max_decompressed_bytes: int = 64 << 20    # after gzip: a bomb is refused, not inflated
-    max_spans_per_request: int = 100_000
-    max_samples_per_request: int = 1_000_000
+    max_request_bytes: PositiveInt = 16 << 20         # body as sent
+    max_decompressed_bytes: PositiveInt = 64 << 20    # after gzip: a bomb is refused, not inflated
+    max_spans_per_request: PositiveInt = 100_000
+    max_samples_per_request: PositiveInt = 1_000_000
+    # connection limits (pipeline/receivers/http.py): slow and surplus clients
+    read_header_timeout: Duration = Duration(10.0)   # request line + headers (slowloris)
+    read_timeout: Duration = Duration(30.0)          # the whole body, once headers are in
+    idle_timeout: Duration = Duration(60.0)          # keep-alive connection without a request
+    max_connections: PositiveInt = 1000              # more: 503 + Retry-After: 1, closed
 
     def validate(self, key: str) -> None:
         check_endpoint(self.endpoint, f"{key}.endpoint")
@@ -81,8 +96,8 @@ class HttpServer(HttpReceiver):
     def _error(self, status: int, message: str, is_json: bool,
                headers: dict[str, str] | None = None) -> web.Response:
         """An error answer with a google.rpc.Status body, as the OTLP/HTTP spec says."""
-        code = {400: 3, 413: 8, 415: 3, 503: 14}.get(status, 2)  # gRPC code numbers
-        st = Status(code=code, message=message)
+        code = {400: 3, 408: 4, 413: 8, 415: 3, 503: 14}.get(status, 2)  # gRPC code numbers
+        st = Status(code=code, message=_printable(message))
         if is_json:
             return web.json_response(json_format.MessageToDict(st), status=status,
                                      headers=headers)
@@ -90,35 +105,52 @@ class HttpServer(HttpReceiver):
                             content_type="application/x-protobuf")
 
     async def export(self, request: web.Request) -> web.Response:
-        signal, request_type, decode, rejected_field = ROUTES[request.path]
+        route = ROUTES[request.path]
+        signal, request_type, decode, _ = route
         ctype = request.content_type
         is_json = ctype == "application/json"
         if not is_json and ctype not in ("application/x-protobuf", "application/protobuf"):
-            return self._error(415, f"unsupported content type {ctype!r}: use "
+            return self._error(415, f"unsupported content type {ctype[:80]!r}: use "
                                "application/x-protobuf or application/json", False)
         items = ITEMS[signal]
         limit_key = f"max_{items}_per_request"
         try:
             body = await read_body(request, self.cfg.max_request_bytes,
                                    self.cfg.max_decompressed_bytes)
-            if is_json:
-                try:
-                    doc = json.loads(body)
-                except ValueError as err:
-                    raise InvalidData(f"not JSON: {err}") from None
-                req = json_format.ParseDict(_hex_to_base64(doc), request_type(),
-                                            ignore_unknown_fields=True)
-            else:
-                req = request_type.FromString(body)
+            req = _parse(body, request_type, is_json)
             check_items(count_items(signal, req), getattr(self.cfg, limit_key), items,
                         limit_key)
+            decoded = decode(req)
         except TooLarge as err:
             self.metrics["refused_requests"] += 1
             return self._error(413, f"receivers.{self.ctx.id}.protocols.http: {err}", is_json)
-        except (InvalidData, DecodeError, json_format.ParseError) as err:
+        except UnsupportedEncoding as err:
             self.metrics["malformed_requests"] += 1
-            return self._error(400, f"not an {request_type.__name__}: {err}", is_json)
-        decoded = decode(req)
+            return self._error(415, str(err), is_json)
+        except BodyTimeout as err:
+            self.metrics["refused_requests"] += 1
+            return self._error(408, f"receivers.{self.ctx.id}.protocols.http: {err}", is_json,
+                               {"Connection": "close"})
+        except CLIENT_FAULTS as err:
+            return self._malformed(err, request_type.__name__, is_json)
+        return await self._deliver(route, decoded, is_json)
+
+    def _malformed(self, err: Exception, what: str, is_json: bool) -> web.Response:
+        """400 for a body that cannot be read as ``what``. An exception other than the
+        parsers' own (RecursionError for deep nesting, UnicodeError for lone surrogates,
+        ValueError, ...) is logged by type: still the body's fault, but worth seeing."""
+        self.metrics["malformed_requests"] += 1
+        if not isinstance(err, InvalidData | DecodeError | json_format.ParseError):
+            self.log.info("otlp_http_undecodable", error=type(err).__name__,
+                          reason=_printable(str(err))[:300])
+        detail = str(err) if not isinstance(err, RecursionError) else "nested too deeply"
+        return self._error(400, f"request body is not an {what}: {detail}", is_json)
+
+    async def _deliver(self, route: tuple[str, Any, Any, str], decoded: Any,
+                       is_json: bool) -> web.Response:
+        """Hand the batch on; answer once the pipeline has it (or says when to retry)."""
+        signal, request_type, _, rejected_field = route
+        items = ITEMS[signal]
         try:
             if len(decoded.batch):
                 await self.ctx.next[signal].consume(decoded.batch)
@@ -135,7 +167,7 @@ class HttpServer(HttpReceiver):
         if decoded.rejected:
             self.metrics[f"refused_{rejected_field.split('_', 1)[1]}"] += decoded.rejected
             setattr(out.partial_success, rejected_field, decoded.rejected)
-            out.partial_success.error_message = decoded.message
+            out.partial_success.error_message = _printable(decoded.message)
         if is_json:
             return web.json_response(json_format.MessageToDict(out))
         return web.Response(body=out.SerializeToString(), content_type="application/x-protobuf")

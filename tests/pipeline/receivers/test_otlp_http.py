@@ -107,7 +107,7 @@ class TestOtlpHttpReceiver:
 
     @pytest.mark.parametrize("body,headers,status,text", [
         (b"\xff\xfe junk", PB, 400, "not an ExportTraceServiceRequest"),
-        (b"{not json", JS, 400, "not JSON"),
+        (b"{not json", JS, 400, "not valid JSON"),
         (json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": "zz"}]}]}]}),
          JS, 400, "is not a hex id"),
         (b"x", {"content-type": "text/plain"}, 415, "unsupported content type"),
