@@ -16,6 +16,12 @@ go through the very same client API, so what the tests prove on one holds on the
         flush_interval: 1s             # ... or when the oldest waited this long
         max_pending_rows: 500000       # beyond: refuse with a retryable error
         retry_on_failure: {initial_interval: 500ms, max_interval: 30s, max_elapsed_time: 5m}
+        unhealthy_after: 30s           # /health is 503 once inserts have failed this long
+
+Rows ClickHouse refuses for their values (a number beyond its column, a time beyond 2106 in
+a ``DateTime``) are split out of their block and kept in the ``quarantine`` table; while
+inserts fail for other reasons, new batches are refused at once with a retry delay
+(``writer.py`` has the whole story).
 """
 
 from __future__ import annotations
@@ -25,13 +31,13 @@ import os
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import msgspec
 
-from pipeline.config import Duration
+from pipeline.config import Duration, NonNegDuration, PositiveInt
 from pipeline.errors import ConfigError, Retryable
-from pipeline.exporters.clickhouse import rows
+from pipeline.exporters.clickhouse import failpoints, rows
 from pipeline.exporters.clickhouse.schema import (
     SchemaOptions,
     bootstrap,
@@ -40,6 +46,7 @@ from pipeline.exporters.clickhouse.schema import (
     ttl_changes,
 )
 from pipeline.exporters.clickhouse.writer import Writer
+from pipeline.log import redact
 from pipeline.records import AttributionBatch, Batch, ProfileBatch, SpanBatch
 from pipeline.registry import Context, Factory
 
@@ -56,14 +63,16 @@ class Config(msgspec.Struct, forbid_unknown_fields=True):
     username: str = "default"
     password: str = ""
     database: str = "spanprof"
-    ttl: Duration = Duration(7 * 86400)
+    ttl: NonNegDuration = NonNegDuration(7 * 86400)  # 0 keeps data forever
     create_schema: bool = True
     cluster: str = ""
-    batch_rows: int = 5_000
+    batch_rows: PositiveInt = 5_000
     flush_interval: Duration = Duration(1.0)
-    max_pending_rows: int = 500_000
+    max_pending_rows: PositiveInt = 500_000
     timeout: Duration = Duration(30.0)
     retry_on_failure: RetryConfig = msgspec.field(default_factory=RetryConfig)
+    # inserts failing (retryable errors) for this long make /health 503 (``failed``)
+    unhealthy_after: Duration = Duration(30.0)
 
     def validate(self) -> None:
         scheme = urlsplit(self.endpoint).scheme
@@ -91,20 +100,25 @@ def resolve_endpoint(endpoint: str, data_dir: str) -> str:
 
 
 def connect(cfg: Config, data_dir: str) -> Any:
+    """A clickhouse-connect client for the endpoint (wrapped by the fault hook when a fault
+    run asks for it: ``failpoints``)."""
     import clickhouse_connect
 
     dsn = resolve_endpoint(cfg.endpoint, data_dir)
     if dsn.startswith("chdb://"):
         os.makedirs(dsn[len("chdb://"):], exist_ok=True)
-        return clickhouse_connect.get_client(dsn=dsn)
+        return failpoints.wrap(clickhouse_connect.get_client(dsn=dsn))
     u = urlsplit(dsn)
-    return clickhouse_connect.get_client(
+    return failpoints.wrap(clickhouse_connect.get_client(
         host=u.hostname, port=u.port or (8443 if u.scheme == "https" else 8123),
-        secure=u.scheme == "https", username=cfg.username, password=cfg.password,
+        secure=u.scheme == "https",
+        # credentials in the URL (http://user:pass@host) win over the separate keys
+        username=unquote(u.username) if u.username else cfg.username,
+        password=unquote(u.password) if u.password is not None else cfg.password,
         connect_timeout=float(cfg.timeout), send_receive_timeout=float(cfg.timeout),
         # through Distributed tables, an insert is acknowledged once the shards have it,
         # and its deduplication token goes with it
-        settings={"insert_distributed_sync": 1} if cfg.cluster else None)
+        settings={"insert_distributed_sync": 1} if cfg.cluster else None))
 
 
 class ClickHouseExporter:
@@ -122,7 +136,17 @@ class ClickHouseExporter:
         self._stopped = False
 
     def __repr__(self) -> str:
-        return f"<ClickHouseExporter {self.ctx.id} {self.cfg.endpoint} {self.writer!r}>"
+        return f"<ClickHouseExporter {self.ctx.id} {redact(self.cfg.endpoint)} {self.writer!r}>"
+
+    @property
+    def failed(self) -> str | None:
+        """Why this exporter is unhealthy (read by /health): inserts failing with retryable
+        errors for ``unhealthy_after`` or longer; None again once an insert succeeds."""
+        failing = self.writer.failing_for() if self.writer is not None else None
+        if failing is None or failing[0] < float(self.cfg.unhealthy_after):
+            return None
+        seconds, error = failing
+        return f"exporters.{self.ctx.id}: inserts failing for {seconds:.0f}s: {error[:160]}"
 
     def _metric(self, name: str, n: int) -> None:
         self.metrics[name] += n
@@ -136,12 +160,13 @@ class ClickHouseExporter:
                 await loop.run_in_executor(self.executor, self.migrate)
         except Exception as err:
             raise ConfigError(f"exporters.{self.ctx.id}.endpoint: cannot use ClickHouse at "
-                              f"{self.cfg.endpoint}: {str(err)[:300]}") from err
+                              f"{redact(self.cfg.endpoint)}: {redact(str(err))[:300]}") from err
         self.writer = Writer(client=self.client, executor=self.executor,
                              database=self.cfg.database, batch_rows=self.cfg.batch_rows,
                              flush_interval=float(self.cfg.flush_interval),
                              max_pending_rows=self.cfg.max_pending_rows,
-                             retry=self.cfg.retry_on_failure, log=self.log, metrics=self._metric)
+                             retry=self.cfg.retry_on_failure, log=self.log, metrics=self._metric,
+                             component=self.ctx.id)
         self.writer.start()
         self.log.info("clickhouse_ready", endpoint=self.cfg.endpoint, database=self.cfg.database)
 

@@ -443,8 +443,28 @@ def migration_7(o: SchemaOptions) -> list[str]:
             f"toIntervalSecond({_stack_ttl_seconds(o)})"]
 
 
+def migration_8(o: SchemaOptions) -> list[str]:
+    """Rows ClickHouse refused for their values (a number beyond its column, a time beyond
+    ``DateTime``'s 2106): the writer splits them out of their block and keeps them here,
+    with the reason, instead of retrying the block for ever (writer.py). ``row`` is the
+    row as JSON; read them with ``SELECT * FROM quarantine ORDER BY time DESC``."""
+    db = o.database
+    return [f"""CREATE TABLE IF NOT EXISTS {db}.quarantine (
+    time DateTime64(3) DEFAULT now64(3) CODEC(Delta, ZSTD(1)),
+    component LowCardinality(String),                  -- the exporter's id
+    table LowCardinality(String),                      -- the table the row was meant for
+    reason String CODEC(ZSTD(1)),
+    row String CODEC(ZSTD(3))                          -- JSON, every value printable
+) ENGINE = MergeTree
+PARTITION BY toDate(time)
+-- "what was refused for this table lately" is the question; few rows, one narrow range
+ORDER BY (table, time)
+{_ttl("time", o)}
+SETTINGS ttl_only_drop_parts = 1, non_replicated_deduplication_window = 10000"""]
+
+
 MIGRATIONS = [migration_1, migration_2, migration_3, migration_4, migration_5, migration_6,
-              migration_7]
+              migration_7, migration_8]
 
 
 _TTL_OF = re.compile(r"CREATE TABLE IF NOT EXISTS \w+\.(\w+) \(.*?TTL toDateTime\((\w+)\)",

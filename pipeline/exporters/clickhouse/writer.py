@@ -3,11 +3,8 @@
 Incoming batches join the current *generation*: column lists per table plus one future.
 The flusher swaps the generation when it holds ``batch_rows`` rows or ``flush_interval`` has
 passed, inserts its tables one by one (stacks before the samples that reference them), and
-resolves the future only when every table is in. A failed insert is retried with
-exponential backoff under the same ``insert_deduplication_token``, so a retry that follows
-a half-applied attempt is a no-op on the server; only when ``max_elapsed_time`` runs out do
-the batch's senders get a retryable error, and they never get a success for rows that were
-not written.
+resolves the future only when every table is in (or, for rows refused for their values,
+quarantined). Senders never get a success for rows that were neither.
 
 The pending row count (current generation plus the one being inserted) is bounded by
 ``max_pending_rows``; beyond it ``submit`` refuses with ``Retryable`` at once.
@@ -18,6 +15,43 @@ generation: a sender that re-sends a round after a refusal (the Kafka receiver) 
 queue room only on what was refused, instead of being refused again by its own re-sent
 rows for ever. ClickHouse would drop the repeated insert anyway (same token); this only
 keeps it out of the queue.
+
+**Failures** (``faults.py`` says which is which):
+
+* *Permanent* (the rows' values: a number beyond its column, a time beyond ``DateTime``):
+  the block is split in halves, recursively, under tokens derived from its own
+  (``TOKEN-table/0/1``), so the good rows go in and a retry of the split inserts nothing
+  twice; each single row still refused goes to the ``quarantine`` table with the reason
+  (counted as ``quarantined_rows``). A quarantine insert refused permanently too is logged
+  with its counts and dropped (``dropped_rows``) rather than wedging the writer. Nothing
+  waits on bad rows, and their senders are acknowledged: their data is stored or
+  quarantined.
+* *Retryable* (ClickHouse down, disk full, too many parts): the writer enters a failing
+  state, a circuit breaker. Until the next attempt is due (exponential backoff from
+  ``retry_on_failure.initial_interval`` to ``max_interval``), ``submit`` refuses at once
+  with ``Retryable(retry_after=...)``, and the generation waiting to be inserted is failed
+  at once, so that clients get UNAVAILABLE / 503 with a delay instead of a timeout. Once
+  the attempt is due, submissions are let in again and the next insert is the probe; the
+  first insert that succeeds ends the failing state. ``failing_for`` reports the state
+  (the exporter's ``failed``, hence /health, once it has lasted ``unhealthy_after``).
+* The generation in flight when a retryable error strikes: if nothing of it can have been
+  stored (no table inserted yet, ``gen.inserted`` empty, and the error says the attempt
+  stored nothing: ``faults.may_have_landed``), its senders get ``Retryable`` at once and it
+  is dropped; they resend, and nothing is stored twice. Otherwise (some blocks in, or an
+  attempt whose outcome is unknown, like a timeout) it is retried under the same tokens
+  until it is in, so that ClickHouse drops what it already has - or until
+  ``max_elapsed_time``, after which its senders get ``Retryable`` and the rows are logged
+  as not stored (``clickhouse_rows_not_stored``). This also bounds ``close()``: a shutdown
+  waits at most ``max_elapsed_time`` for a generation that cannot be inserted.
+
+Resending timed-out requests into new generations was what stored the same rows four times
+during a disk-full episode: now clients are refused instead of left waiting, and what is
+retried keeps its tokens.
+
+Limits: a permanent error raised by a materialized view (none of spanprof's views raises on
+values) comes after the source table stored the block, so splitting it would store the
+good rows a second time there; and the failing state is only left by an insert that
+succeeds, so with no traffic at all it lasts until the next batch.
 """
 
 from __future__ import annotations
@@ -32,6 +66,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from pipeline.errors import Retryable
+from pipeline.exporters.clickhouse import faults, quarantine
+from pipeline.exporters.clickhouse.quarantine import BadRow, row_count
 from pipeline.exporters.clickhouse.rows import COLUMNS, Columns
 
 # stacks first: a sample is never visible before the stack it references
@@ -49,7 +85,7 @@ WRITTEN_STACKS = 1_000_000  # remembered at most; beyond, forgotten (rewriting i
 
 class _Generation:
     __slots__ = ("id", "tables", "rows", "done", "stacks", "opened", "inserted", "blocks",
-                 "tokens")
+                 "tokens", "uncertain")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.id = uuid.uuid4().hex
@@ -58,11 +94,14 @@ class _Generation:
         self.done: asyncio.Future[None] = loop.create_future()
         self.stacks: set[int] = set()
         self.opened = time.monotonic()
+        # insert tokens of the blocks (and split halves) stored: retries skip them
         self.inserted: set[str] = set()
         # rows that must be inserted as their own block under a deterministic token (one
         # Kafka message each): a redelivered message's insert is then dropped by the server
         self.blocks: list[tuple[str, dict[str, Columns]]] = []
         self.tokens: set[str] = set()
+        # an attempt failed in a way that may have stored a block all the same
+        self.uncertain = False
 
     def add(self, tables: dict[str, Columns]) -> None:
         for table, cols in tables.items():
@@ -72,13 +111,24 @@ class _Generation:
             else:
                 for c, v in cols.items():
                     mine[c].extend(v)
-            self.rows += len(next(iter(cols.values()), []))
+            self.rows += row_count(cols)
+
+    @property
+    def started(self) -> bool:
+        """Whether some of it may be in ClickHouse (then it must keep its tokens)."""
+        return bool(self.inserted) or self.uncertain
+
+    def fail(self, err: Retryable) -> None:
+        if not self.done.done():
+            self.done.set_exception(err)
+        self.done.exception()  # retrieved here so that no caller-less future warns
 
 
 class Writer:
     def __init__(self, *, client: Any, executor: ThreadPoolExecutor, database: str,
                  batch_rows: int, flush_interval: float, max_pending_rows: int,
-                 retry: Any, log: Any, metrics: Callable[[str, int], None]) -> None:
+                 retry: Any, log: Any, metrics: Callable[[str, int], None],
+                 component: str = "clickhouse") -> None:
         self.client = client
         self.executor = executor
         self.database = database
@@ -88,6 +138,7 @@ class Writer:
         self.retry = retry
         self.log = log
         self.metric = metrics
+        self.component = component
         self._gen: _Generation | None = None
         self._inflight: _Generation | None = None  # the generation being inserted
         self._inserted_tokens: OrderedDict[str, None] = OrderedDict()
@@ -96,15 +147,31 @@ class Writer:
         self._task: asyncio.Task[None] | None = None
         self._written_stacks: dict[int, float] = {}  # stack id -> when written (monotonic)
         self.stack_refresh = STACK_REFRESH_S
+        # the failing state (circuit breaker): since when (monotonic), why, the next backoff
+        # delay, and until when submissions are refused
+        self._failing_since: float | None = None
+        self._last_error = ""
+        self._delay = float(retry.initial_interval)
+        self._refuse_until = 0.0
 
     def __repr__(self) -> str:
         pending = self._gen.rows if self._gen else 0
         inflight = self._inflight.rows if self._inflight else 0
-        return f"<Writer pending={pending} inflight={inflight} closing={self._closing}>"
+        failing = self.failing_for()
+        state = f" failing={failing[0]:.0f}s" if failing else ""
+        return (f"<Writer pending={pending} inflight={inflight} closing={self._closing}"
+                f"{state}>")
 
     @property
     def pending_rows(self) -> int:
         return sum(g.rows for g in (self._gen, self._inflight) if g is not None)
+
+    def failing_for(self) -> tuple[float, str] | None:
+        """How long inserts have been failing with retryable errors, and the last error;
+        None while the last insert succeeded."""
+        if self._failing_since is None:
+            return None
+        return time.monotonic() - self._failing_since, self._last_error
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="clickhouse-writer")
@@ -140,6 +207,7 @@ class Writer:
                     self.metric("repeated_blocks", 1)
                     await asyncio.shield(waiting.done)
                     return
+        self._refuse_if_failing(rows)
         # an empty queue takes any batch: one bigger than the bound alone would otherwise
         # be refused for ever (its sender retrying in vain)
         if self.pending_rows and self.pending_rows + rows > self.max_pending_rows:
@@ -160,6 +228,16 @@ class Writer:
             self._wake.set()
         # shield: one caller giving up must not cancel the others' acknowledgement
         await asyncio.shield(gen.done)
+
+    def _refuse_if_failing(self, rows: int) -> None:
+        """The open circuit: while inserts fail and the next attempt is not yet due, a new
+        batch could only wait; its sender is told at once when to come back."""
+        wait = self._refuse_until - time.monotonic()
+        if self._failing_since is None or wait <= 0:
+            return
+        self.metric("refused_rows", rows)
+        raise Retryable(f"clickhouse inserts are failing, next attempt in {wait:.1f}s: "
+                        f"{self._last_error[:200]}", retry_after=max(1.0, wait))
 
     async def _run(self) -> None:
         # Inserts run back to back: while one is in flight the next generation fills, so a
@@ -185,9 +263,7 @@ class Writer:
         try:
             await self._insert_all(gen)
         except Retryable as err:
-            if not gen.done.done():
-                gen.done.set_exception(err)
-            gen.done.exception()  # retrieved here so that no caller-less future warns
+            gen.fail(err)
         else:
             if len(self._written_stacks) + len(gen.stacks) > WRITTEN_STACKS:
                 self._written_stacks.clear()  # a bounded cache; rewriting a stack is harmless
@@ -204,46 +280,136 @@ class Writer:
             self._inflight = None
 
     async def _insert_all(self, gen: _Generation) -> None:
-        loop = asyncio.get_running_loop()
-        delay = float(self.retry.initial_interval)
+        """Insert every block of ``gen``; on a retryable error either give its senders
+        ``Retryable`` at once (nothing of it stored) or retry with the same tokens."""
         started = time.monotonic()
         attempt = 0
         while True:
             try:
                 for table in TABLE_ORDER:
-                    blocks = [(gen.id, gen.tables)] + gen.blocks
-                    for token, tables in blocks:
+                    for token, tables in [(gen.id, gen.tables), *gen.blocks]:
                         cols = tables.get(table)
-                        tok = f"{token}-{table}"
-                        if cols is None or tok in gen.inserted:
-                            continue
-                        names = COLUMNS[table]
-                        data = [cols[c] for c in names]
-                        insert = functools.partial(
-                            self.client.insert, f"{self.database}.{table}", data,
-                            column_names=names, column_oriented=True,
-                            # the views' targets deduplicate too (their own window)
-                            settings={"insert_deduplication_token": tok,
-                                      "deduplicate_blocks_in_dependent_materialized_views": 1})
-                        await loop.run_in_executor(self.executor, insert)
-                        gen.inserted.add(tok)
-                        self.metric(f"sent_rows.{table}", len(data[0]))
+                        if cols is not None:
+                            await self._insert_block(gen, table, f"{token}-{table}", cols)
                 return
             except Exception as err:
                 attempt += 1
+                gen.uncertain |= faults.may_have_landed(err)
+                delay = self._failed(err)
                 elapsed = time.monotonic() - started
-                self.metric("send_failed", 1)
+                short = faults.reason(err, 200)
+                if not gen.started:
+                    self._not_stored(gen, "insert_failed_nothing_stored", err, attempt)
+                    raise Retryable(f"clickhouse insert failed: {short}",
+                                    retry_after=max(1.0, delay)) from err
                 if not self.retry.enabled or elapsed + delay > float(self.retry.max_elapsed_time):
-                    self.log.error("clickhouse_insert_gave_up", error=str(err)[:500],
-                                   attempts=attempt, rows=gen.rows)
-                    raise Retryable(f"clickhouse insert failed: {str(err)[:200]}") from err
-                self.log.warning("clickhouse_insert_retry", error=str(err)[:500],
-                                 attempt=attempt, retry_in_s=round(delay, 2))
+                    self._not_stored(gen, "retries_exhausted", err, attempt)
+                    raise Retryable(f"clickhouse insert failed: {short}") from err
+                self.log.warning("clickhouse_insert_retry", error=faults.reason(err, 500),
+                                 attempt=attempt, retry_in_s=round(delay, 2),
+                                 code=faults.server_code(err))
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, float(self.retry.max_interval))
+
+    def _not_stored(self, gen: _Generation, why: str, err: BaseException,
+                    attempts: int) -> None:
+        """The generation's senders are about to be told to resend: say so, with counts."""
+        log = self.log.warning if why == "insert_failed_nothing_stored" else self.log.error
+        self.metric("send_failed_rows", gen.rows)
+        log("clickhouse_rows_not_stored", why=why, rows=gen.rows, attempts=attempts,
+            blocks_stored=len(gen.inserted), error=faults.reason(err, 500),
+            code=faults.server_code(err))
+
+    def _failed(self, err: BaseException) -> float:
+        """Enter (or stay in) the failing state after a retryable error; returns the delay
+        before the next attempt. The batches waiting for the next insert are failed now:
+        they could only wait, and nothing of them is stored."""
+        now = time.monotonic()
+        if self._failing_since is None:
+            self._failing_since = now
+        self._last_error = faults.reason(err, 200)
+        delay = self._delay
+        self._delay = min(delay * 2, float(self.retry.max_interval))
+        self._refuse_until = now + delay
+        self.metric("send_failed", 1)
+        waiting = self._gen
+        if waiting is not None:
+            self._gen = None
+            self.metric("send_failed_rows", waiting.rows)
+            waiting.fail(Retryable(f"clickhouse inserts are failing: {self._last_error}",
+                                   retry_after=max(1.0, delay)))
+        return delay
+
+    def _succeeded(self) -> None:
+        """An insert went in: the failing state, if any, is over."""
+        if self._failing_since is not None:
+            self.log.info("clickhouse_insert_recovered",
+                          failed_for_s=round(time.monotonic() - self._failing_since, 1))
+        self._failing_since = None
+        self._delay = float(self.retry.initial_interval)
+        self._refuse_until = 0.0
+
+    async def _insert_block(self, gen: _Generation, table: str, tok: str,
+                            cols: Columns) -> None:
+        """Insert one block, splitting it if ClickHouse refuses some of its values; the
+        rows refused on their own are quarantined. Retryable errors propagate."""
+        if tok in gen.inserted:
+            return
+        bad: list[BadRow] = []
+        await self._insert_or_split(gen, table, tok, cols, bad)
+        if bad:
+            await self._quarantine(table, tok, bad)
+        gen.inserted.add(tok)
+
+    async def _insert_or_split(self, gen: _Generation, table: str, tok: str, cols: Columns,
+                               bad: list[BadRow]) -> None:
+        if tok in gen.inserted:
+            return
+        try:
+            await self._insert(table, tok, cols)
+        except Exception as err:
+            if not faults.is_permanent(err):
+                raise
+            if row_count(cols) == 1:
+                bad.append(BadRow(table, quarantine.row_json(table, cols),
+                                  faults.reason(err)))
+                return
+            for i, half in enumerate(quarantine.halves(cols)):
+                await self._insert_or_split(gen, table, f"{tok}/{i}", half, bad)
+            return
+        gen.inserted.add(tok)
+        self.metric(f"sent_rows.{table}", row_count(cols))
+
+    async def _quarantine(self, table: str, tok: str, bad: list[BadRow]) -> None:
+        first = bad[0]
+        fields = dict(table=table, rows=len(bad), reason=first.reason,
+                      row_prefix=first.row[:quarantine.LOG_PREFIX])
+        try:
+            await self._insert(quarantine.TABLE, f"{tok}-quarantine",
+                               quarantine.columns(self.component, bad))
+        except Exception as err:
+            if not faults.is_permanent(err):
+                raise
+            # the quarantine refused too: a log line is all that is left of these rows
+            self.metric(f"dropped_rows.{table}", len(bad))
+            self.log.error("clickhouse_rows_dropped", error=faults.reason(err), **fields)
+            return
+        self.metric(f"quarantined_rows.{table}", len(bad))
+        self.log.warning("clickhouse_rows_quarantined", **fields)
+
+    async def _insert(self, table: str, tok: str, cols: Columns) -> None:
+        names = quarantine.QUARANTINE_COLUMNS if table == quarantine.TABLE else COLUMNS[table]
+        insert = functools.partial(
+            self.client.insert, f"{self.database}.{table}", [cols[c] for c in names],
+            column_names=names, column_oriented=True,
+            # the views' targets deduplicate too (their own window)
+            settings={"insert_deduplication_token": tok,
+                      "deduplicate_blocks_in_dependent_materialized_views": 1})
+        await asyncio.get_running_loop().run_in_executor(self.executor, insert)
+        self._succeeded()
 
     async def close(self) -> None:
-        """Flush everything pending, then stop (idempotent)."""
+        """Flush everything pending, then stop (idempotent). Bounded: a generation that
+        cannot be inserted is given up after ``max_elapsed_time``."""
         self._closing = True
         self._wake.set()
         if self._task is not None:

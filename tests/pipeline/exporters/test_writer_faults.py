@@ -1,0 +1,290 @@
+"""ClickHouse writer failures: which errors are the rows' fault (classifier table, and what
+the real engine raises), splitting a refused block with a fake client, and the circuit
+breaker: refusing fast, /health's ``failed``, and exactly-once after recovery."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import struct
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+import structlog
+from clickhouse_connect.driver.exceptions import DatabaseError, DataError, OperationalError
+from urllib3.exceptions import MaxRetryError, NewConnectionError, ProtocolError
+
+from pipeline.errors import Retryable
+from pipeline.exporters.clickhouse import faults
+from pipeline.exporters.clickhouse.exporter import RetryConfig
+from pipeline.exporters.clickhouse.rows import COLUMNS
+from pipeline.exporters.clickhouse.writer import Writer
+from tests.conftest import clickhouse
+
+
+def _raised(err: BaseException, cause: BaseException) -> BaseException:
+    """``err`` as raised ``from cause`` (with the chain Python builds)."""
+    try:
+        raise err from cause
+    except BaseException as e:  # noqa: BLE001 - returned, not swallowed
+        return e
+
+
+def _server(code: int, name: str, text: str = "") -> DatabaseError:
+    return DatabaseError(f"Code: {code}. DB::Exception: {text}. ({name})", code=code, name=name)
+
+
+def _refused() -> OperationalError:
+    conn = NewConnectionError(None, "Failed to establish a new connection: [Errno 111]")  # type: ignore[arg-type]
+    return _raised(OperationalError("Error executing HTTP request attempt 2"),  # type: ignore[return-value]
+                   MaxRetryError(None, "/", conn))  # type: ignore[arg-type]
+
+
+# (error, permanent, may have landed)
+CASES: list[tuple[str, BaseException, bool, bool]] = [
+    ("out of range", _server(321, "VALUE_IS_OUT_OF_RANGE_OF_DATA_TYPE"), True, False),
+    ("type mismatch", _server(53, "TYPE_MISMATCH"), True, False),
+    ("parse", _server(6, "CANNOT_PARSE_TEXT"), True, False),
+    ("decimal overflow", _server(407, "DECIMAL_OVERFLOW"), True, False),
+    ("nested sizes", _server(190, "SIZES_OF_ARRAYS_DONT_MATCH"), True, False),
+    ("disk full", _server(243, "NOT_ENOUGH_SPACE"), False, False),
+    ("too many parts", _server(252, "TOO_MANY_PARTS"), False, False),
+    ("memory", _server(241, "MEMORY_LIMIT_EXCEEDED"), False, False),
+    ("write error", _server(75, "CANNOT_WRITE_TO_FILE_DESCRIPTOR"), False, False),
+    ("schema missing", _server(60, "UNKNOWN_TABLE"), False, False),
+    ("server timeout", _server(159, "TIMEOUT_EXCEEDED"), False, True),
+    ("keeper", _server(999, "KEEPER_EXCEPTION"), False, True),
+    ("a view failed", _server(243, "NOT_ENOUGH_SPACE", "while pushing to view db.mv"),
+     False, True),
+    ("encoder overflow",
+     _raised(DataError("Unable to create native array for column `cpu_ns`: error"),
+             struct.error("argument out of range")), True, False),
+    ("OverflowError", OverflowError("int too big to convert"), True, False),
+    ("TypeError", TypeError("int() argument must be ... not 'NoneType'"), True, False),
+    ("ValueError", ValueError("invalid literal for int()"), True, False),
+    ("AttributeError", AttributeError("'int' object has no attribute 'encode'"), True, False),
+    ("surrogate", UnicodeEncodeError("utf-8", "a\udcff", 1, 2, "surrogates not allowed"),
+     True, False),
+    ("connection refused", _refused(), False, False),
+    ("ConnectionRefusedError", ConnectionRefusedError(111, "refused"), False, False),
+    ("OSError ECONNREFUSED", type("Down", (OSError,), {})(errno.ECONNREFUSED, "refused"),
+     False, False),
+    ("reset mid-request",
+     _raised(OperationalError("Error executing HTTP request"),
+             ProtocolError("Connection aborted.", ConnectionResetError(104, "reset"))),
+     False, True),
+    ("socket timeout", TimeoutError("timed out"), False, True),
+    ("unknown", RuntimeError("something else"), False, True),
+]
+
+
+class TestClassifier:
+    @pytest.mark.parametrize(("label", "err", "permanent", "landed"), CASES,
+                             ids=[c[0] for c in CASES])
+    def test_table(self, label: str, err: BaseException, permanent: bool,
+                   landed: bool) -> None:
+        """Values at fault are permanent; ClickHouse's state is retryable; only an attempt
+        known to have stored nothing may be dropped and resent by the client."""
+        assert faults.is_permanent(err) is permanent
+        assert faults.may_have_landed(err) is landed
+
+    def test_reason_names_the_cause(self) -> None:
+        """The encoder's own message names only the column; the reason adds why."""
+        err = CASES[13][1]
+        assert faults.reason(err) == ("DataError: Unable to create native array for column "
+                                      "`cpu_ns`: error (struct.error: argument out of range)")
+
+    def test_what_the_embedded_engine_raises(self, tmp_path: Path) -> None:
+        """The facts the classifier rests on, from the real client and engine: out-of-range
+        values fail in the encoder (no code), a view's throwIf fails on the server with a
+        code, and a view failing leaves the source block stored."""
+        with clickhouse(tmp_path / "ch") as ch:
+            ch.command("CREATE TABLE t (n UInt64, m DateTime, ts DateTime64(9), s String) "
+                       "ENGINE = MergeTree ORDER BY n")
+            good = {"n": 1, "m": 1_700_000_000, "ts": 1_700_000_000 * 10**9, "s": "x"}
+            poison = {"n": 3 * (2**63 - 1), "m": 4_400_000_000, "ts": 2**63 + 1,
+                      "s": "a\udcff"}
+            for col, bad in poison.items():
+                row = dict(good, **{col: bad})
+                with pytest.raises(Exception) as info:  # noqa: PT011 - any type: classified
+                    ch.insert("t", [[row[c]] for c in good], column_names=list(good),
+                              column_oriented=True)
+                assert faults.is_permanent(info.value), (col, info.value)
+                assert not faults.may_have_landed(info.value)
+                assert faults.server_code(info.value) is None
+            ch.command("CREATE TABLE sink (n UInt64) ENGINE = MergeTree ORDER BY n")
+            ch.command("CREATE MATERIALIZED VIEW mv TO sink AS SELECT throwIf(n = 13) AS n "
+                       "FROM t")
+            with pytest.raises(DatabaseError) as info:
+                ch.insert("t", [[13], [0], [0], [""]], column_names=list(good),
+                          column_oriented=True)
+            assert faults.server_code(info.value) == 395 and faults.is_permanent(info.value)
+            assert faults.may_have_landed(info.value)  # "while pushing to view"
+            assert ch.query("SELECT count() FROM t WHERE n = 13").result_rows == [(1,)]
+
+
+class DedupClient:
+    """A fake ClickHouse: drops a repeated token as the server does, refuses rows whose
+    ``SpanName`` is ``poison`` (permanently, as the encoder would), and raises ``fault``
+    on every insert while ``failing`` (after storing the block when ``lands``)."""
+
+    def __init__(self) -> None:
+        self.stored: dict[str, list[list[Any]]] = {}  # token -> rows
+        self.tables: dict[str, str] = {}  # token -> table
+        self.calls = 0
+        self.failing = False
+        self.lands = False
+        self.fault: BaseException = _server(243, "NOT_ENOUGH_SPACE")
+        self.quarantine_refused = False
+
+    def insert(self, table: str, data: list[list[Any]], column_names: list[str],
+               column_oriented: bool, settings: dict[str, Any]) -> None:
+        self.calls += 1
+        tok = settings["insert_deduplication_token"]
+        if self.failing and not self.lands:
+            raise self.fault
+        if "SpanName" in column_names and "poison" in data[column_names.index("SpanName")]:
+            raise _server(321, "VALUE_IS_OUT_OF_RANGE_OF_DATA_TYPE")
+        if table.endswith("quarantine") and self.quarantine_refused:
+            raise _server(53, "TYPE_MISMATCH")
+        if tok not in self.stored:
+            self.stored[tok] = [list(r) for r in zip(*data, strict=True)]
+            self.tables[tok] = table
+        if self.failing:
+            raise self.fault
+
+    def rows(self, table: str) -> list[list[Any]]:
+        return [r for t, rs in self.stored.items() if self.tables[t] == table for r in rs]
+
+
+def spans(names: list[str]) -> dict[str, dict[str, list[object]]]:
+    cols: dict[str, list[object]] = {c: [0] * len(names) for c in COLUMNS["otel_traces"]}
+    cols["SpanName"] = list(names)
+    return {"otel_traces": cols}
+
+
+def writer(client: Any, metrics: dict[str, int] | None = None, **kw: Any) -> Writer:
+    got = metrics if metrics is not None else {}
+    opts: dict[str, Any] = dict(batch_rows=1000, flush_interval=0.02, max_pending_rows=10_000,
+                                retry=RetryConfig(initial_interval=0.05, max_interval=0.2,
+                                                  max_elapsed_time=2.0))
+    opts.update(kw)
+    return Writer(client=client, executor=ThreadPoolExecutor(1), database="db",
+                  log=structlog.get_logger(), component="clickhouse",
+                  metrics=lambda n, v: got.__setitem__(n, got.get(n, 0) + v), **opts)
+
+
+class TestSplit:
+    async def test_bad_rows_are_quarantined_and_the_rest_stored(self) -> None:
+        """A block with two rows refused for their values: the eight others are stored,
+        the two are in the quarantine with the reason and the row as JSON, and the sender
+        is acknowledged."""
+        client, metrics = DedupClient(), {}
+        w = writer(client, metrics)
+        w.start()
+        names = [f"s{i}" for i in range(10)]
+        names[3] = names[8] = "poison"
+        await asyncio.wait_for(w.submit(spans(names), 10, set()), timeout=5)
+        stored = client.rows("db.otel_traces")
+        assert sorted(r[COLUMNS["otel_traces"].index("SpanName")] for r in stored) == \
+            sorted(n for n in names if n != "poison")
+        q = client.rows("db.quarantine")
+        assert [(r[0], r[1]) for r in q] == [("clickhouse", "otel_traces")] * 2
+        assert all("VALUE_IS_OUT_OF_RANGE_OF_DATA_TYPE" in r[2] and '"SpanName":"poison"'
+                   in r[3] for r in q)
+        assert metrics["quarantined_rows.otel_traces"] == 2
+        assert metrics["sent_rows.otel_traces"] == 8
+        assert w.failing_for() is None
+        await w.close()
+
+    async def test_a_retried_split_stores_nothing_twice(self) -> None:
+        """The same named block split twice (a Kafka block delivered again, in a new
+        generation) uses the same sub-tokens: the server drops every second copy."""
+        client = DedupClient()
+        w = writer(client)
+        w.start()
+        names = ["a", "poison", "b", "c", "d"]
+        await asyncio.wait_for(w.submit(spans(names), 5, set(), token="blk"), timeout=5)
+        w._inserted_tokens.clear()  # a restarted writer remembers nothing
+        await asyncio.wait_for(w.submit(spans(names), 5, set(), token="blk"), timeout=5)
+        assert len(client.rows("db.otel_traces")) == 4
+        assert len(client.rows("db.quarantine")) == 1
+        await w.close()
+
+    async def test_a_refused_quarantine_drops_and_counts(self) -> None:
+        """When the quarantine refuses the rows too, they are dropped, counted and logged;
+        nothing wedges and the next batch goes in."""
+        client, metrics = DedupClient(), {}
+        client.quarantine_refused = True
+        w = writer(client, metrics)
+        w.start()
+        await asyncio.wait_for(w.submit(spans(["a", "poison"]), 2, set()), timeout=5)
+        await asyncio.wait_for(w.submit(spans(["b"]), 1, set()), timeout=5)
+        assert metrics["dropped_rows.otel_traces"] == 1
+        assert len(client.rows("db.otel_traces")) == 2
+        await w.close()
+
+
+class TestFailingState:
+    async def test_refuses_fast_and_fails_the_waiting_generation(self) -> None:
+        """A disk-full error (the attempt stored nothing): the sender is told at once,
+        new submissions are refused until the next attempt is due, and the first insert
+        that succeeds ends the state."""
+        client = DedupClient()
+        client.failing = True
+        w = writer(client, retry=RetryConfig(initial_interval=0.5, max_interval=1.0,
+                                             max_elapsed_time=60.0))
+        w.start()
+        t0 = time.monotonic()
+        with pytest.raises(Retryable, match="NOT_ENOUGH_SPACE"):
+            await asyncio.wait_for(w.submit(spans(["a"]), 1, set()), timeout=5)
+        with pytest.raises(Retryable, match="inserts are failing") as refused:
+            await w.submit(spans(["b"]), 1, set())
+        assert time.monotonic() - t0 < 0.3
+        assert refused.value.retry_after >= 1.0
+        assert w.failing_for() is not None and "NOT_ENOUGH_SPACE" in w.failing_for()[1]
+        client.failing = False
+        await asyncio.sleep(0.6)  # the next attempt is due: let in again
+        await asyncio.wait_for(w.submit(spans(["c"]), 1, set()), timeout=5)
+        assert w.failing_for() is None
+        assert len(client.rows("db.otel_traces")) == 1
+        await w.close()
+
+    async def test_an_attempt_that_may_have_landed_keeps_its_tokens(self) -> None:
+        """A timeout after the server stored the block: the generation is retried under the
+        same token (never dropped and resent), so it is stored once and its sender
+        acknowledged once the server answers again; meanwhile newcomers are refused."""
+        client = DedupClient()
+        client.failing, client.lands = True, True
+        client.fault = TimeoutError("read timed out")
+        w = writer(client)
+        w.start()
+        first = asyncio.create_task(w.submit(spans(["a", "b"]), 2, set()))
+        await asyncio.sleep(0.1)
+        with pytest.raises(Retryable, match="inserts are failing"):
+            await w.submit(spans(["c"]), 1, set())
+        assert not first.done()
+        client.failing = False
+        await asyncio.wait_for(first, timeout=5)
+        assert len(client.rows("db.otel_traces")) == 2
+        await w.close()
+
+    async def test_close_is_bounded_by_max_elapsed_time(self) -> None:
+        """Shutdown with a generation that can never be inserted (every attempt may have
+        landed) ends after max_elapsed_time; its sender gets Retryable, not a success."""
+        client = DedupClient()
+        client.failing, client.lands = True, True
+        client.fault = ConnectionResetError(104, "reset")
+        w = writer(client, retry=RetryConfig(initial_interval=0.05, max_interval=0.1,
+                                             max_elapsed_time=0.5))
+        w.start()
+        sender = asyncio.create_task(w.submit(spans(["a"]), 1, set()))
+        await asyncio.sleep(0.05)
+        t0 = time.monotonic()
+        await asyncio.wait_for(w.close(), timeout=5)
+        assert time.monotonic() - t0 < 2
+        with pytest.raises(Retryable, match="clickhouse insert failed"):
+            await sender
