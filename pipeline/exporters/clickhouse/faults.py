@@ -102,11 +102,46 @@ def server_code(err: BaseException) -> int | None:
 
 
 def is_permanent(err: BaseException) -> bool:
-    """True when retrying the same rows cannot succeed (their values are at fault)."""
+    """True when retrying the same rows cannot succeed (their values are at fault).
+
+    Client-side errors count only as the error itself or what it was raised *from*
+    (clickhouse-connect: ``DataError`` from ``struct.error``), never an error that was
+    merely being handled when it was raised: a network error raised while a library
+    parsed a reply inside ``except ValueError`` is not the rows' fault."""
     code = server_code(err)
     if code is not None:
         return code in PERMANENT_CODES
-    return any(isinstance(e, CLIENT_SIDE) for e in _chain(err))
+    e: BaseException | None = err
+    for _ in range(16):
+        if e is None:
+            return False
+        if isinstance(e, CLIENT_SIDE):
+            return True
+        e = e.__cause__
+    return False
+
+
+# server errors that say ClickHouse itself is short of something for now: retried
+TRANSIENT_CODES = {
+    **UNCERTAIN_CODES,
+    74: "CANNOT_READ_FROM_FILE_DESCRIPTOR",
+    75: "CANNOT_WRITE_TO_FILE_DESCRIPTOR",
+    202: "TOO_MANY_SIMULTANEOUS_QUERIES",
+    236: "ABORTED",
+    241: "MEMORY_LIMIT_EXCEEDED",
+    242: "TABLE_IS_READ_ONLY",
+    243: "NOT_ENOUGH_SPACE",
+    252: "TOO_MANY_PARTS",
+    394: "QUERY_WAS_CANCELLED",
+}
+
+
+def is_transient(err: BaseException) -> bool:
+    """True when the failure is ClickHouse's passing state (unreachable, disk full, too many
+    parts, memory): the same insert may succeed later. A server answer with any other code
+    (an unknown table, a missing column) will not change by retrying."""
+    code = server_code(err)
+    return code is None or code in TRANSIENT_CODES
 
 
 def may_have_landed(err: BaseException) -> bool:

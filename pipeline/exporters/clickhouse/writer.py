@@ -387,9 +387,11 @@ class Writer:
             await self._insert(quarantine.TABLE, f"{tok}-quarantine",
                                quarantine.columns(self.component, bad))
         except Exception as err:
-            if not faults.is_permanent(err):
-                raise
-            # the quarantine refused too: a log line is all that is left of these rows
+            if faults.is_transient(err) and not faults.is_permanent(err):
+                raise  # ClickHouse is down or full: retried with the generation
+            # the quarantine refused too (bad rows, or no quarantine table when the schema
+            # is managed by hand: retrying would hold every client behind them): a log
+            # line is all that is left of these rows
             self.metric(f"dropped_rows.{table}", len(bad))
             self.log.error("clickhouse_rows_dropped", error=faults.reason(err), **fields)
             return

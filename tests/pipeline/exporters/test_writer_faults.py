@@ -33,6 +33,17 @@ def _raised(err: BaseException, cause: BaseException) -> BaseException:
         return e
 
 
+def _during(err: BaseException, handled: BaseException) -> BaseException:
+    """``err`` as raised inside ``except`` of ``handled`` (its ``__context__``)."""
+    try:
+        try:
+            raise handled
+        except BaseException:  # noqa: BLE001
+            raise err  # noqa: B904 - the point is the implicit context
+    except BaseException as e:  # noqa: BLE001
+        return e
+
+
 def _server(code: int, name: str, text: str = "") -> DatabaseError:
     return DatabaseError(f"Code: {code}. DB::Exception: {text}. ({name})", code=code, name=name)
 
@@ -77,6 +88,9 @@ CASES: list[tuple[str, BaseException, bool, bool]] = [
              ProtocolError("Connection aborted.", ConnectionResetError(104, "reset"))),
      False, True),
     ("socket timeout", TimeoutError("timed out"), False, True),
+    # a network error raised while a ValueError was being handled is not the rows' fault
+    ("raised during a ValueError", _during(OperationalError("connection reset"),
+                                           ValueError("bad reply")), False, True),
     ("unknown", RuntimeError("something else"), False, True),
 ]
 
@@ -139,6 +153,7 @@ class DedupClient:
         self.lands = False
         self.fault: BaseException = _server(243, "NOT_ENOUGH_SPACE")
         self.quarantine_refused = False
+        self.quarantine_error: BaseException = _server(53, "TYPE_MISMATCH")
 
     def insert(self, table: str, data: list[list[Any]], column_names: list[str],
                column_oriented: bool, settings: dict[str, Any]) -> None:
@@ -149,7 +164,7 @@ class DedupClient:
         if "SpanName" in column_names and "poison" in data[column_names.index("SpanName")]:
             raise _server(321, "VALUE_IS_OUT_OF_RANGE_OF_DATA_TYPE")
         if table.endswith("quarantine") and self.quarantine_refused:
-            raise _server(53, "TYPE_MISMATCH")
+            raise self.quarantine_error
         if tok not in self.stored:
             self.stored[tok] = [list(r) for r in zip(*data, strict=True)]
             self.tables[tok] = table
@@ -214,15 +229,22 @@ class TestSplit:
         assert len(client.rows("db.quarantine")) == 1
         await w.close()
 
-    async def test_a_refused_quarantine_drops_and_counts(self) -> None:
+    @pytest.mark.parametrize("error", [
+        _server(53, "TYPE_MISMATCH"),
+        # create_schema: false without migration 8: retrying would hold every client for
+        # max_elapsed_time, then tell them to resend rows already stored
+        _server(60, "UNKNOWN_TABLE", "Table db.quarantine does not exist"),
+    ])
+    async def test_a_refused_quarantine_drops_and_counts(self, error: BaseException) -> None:
         """When the quarantine refuses the rows too, they are dropped, counted and logged;
-        nothing wedges and the next batch goes in."""
+        nothing wedges (well within max_elapsed_time) and the next batch goes in."""
         client, metrics = DedupClient(), {}
         client.quarantine_refused = True
+        client.quarantine_error = error
         w = writer(client, metrics)
         w.start()
-        await asyncio.wait_for(w.submit(spans(["a", "poison"]), 2, set()), timeout=5)
-        await asyncio.wait_for(w.submit(spans(["b"]), 1, set()), timeout=5)
+        await asyncio.wait_for(w.submit(spans(["a", "poison"]), 2, set()), timeout=1)
+        await asyncio.wait_for(w.submit(spans(["b"]), 1, set()), timeout=1)
         assert metrics["dropped_rows.otel_traces"] == 1
         assert len(client.rows("db.otel_traces")) == 2
         await w.close()
