@@ -34,6 +34,8 @@ naming the field (``pipeline/otlp/bounds.py``).
 
 from __future__ import annotations
 
+import email.policy
+from email.parser import BytesParser
 from typing import Annotated, Any
 
 import msgspec
@@ -43,7 +45,7 @@ from google.protobuf.message import DecodeError
 from pipeline.config import Duration, PositiveInt, check_endpoint
 from pipeline.errors import InvalidData, Retryable, TooLarge
 from pipeline.otlp import jsonwire
-from pipeline.otlp.bounds import MAX_RECORDS
+from pipeline.otlp.bounds import RecordsLimit
 from pipeline.otlp.common import UNKNOWN_SERVICE
 from pipeline.pyroscope import pprof
 from pipeline.pyroscope.messages import PushRequest, PushResponse
@@ -59,8 +61,6 @@ from pipeline.registry import Context, Factory
 from processors.batch import merge
 
 PUSH_PATH = "/push.v1.PusherService/Push"
-# records of a push: values are bounded per sample so that a request's sum fits (bounds.py)
-RecordsLimit = Annotated[int, msgspec.Meta(ge=1, le=MAX_RECORDS)]
 Limit = Annotated[int, msgspec.Meta(ge=1, le=1 << 30)]
 # legacy app names end with the profile type: "checkout.cpu{env=prod}"
 PROFILE_SUFFIXES = (".cpu", ".wall", ".itimer", ".alloc_objects", ".alloc_space",
@@ -150,6 +150,30 @@ def decode_push(body: bytes, cfg: Config) -> list[ProfileBatch]:
     return [pprof.build(prep, service, budget) for service, prep in prepared]
 
 
+def parse_multipart(body: bytes, content_type: str) -> dict[str, bytes]:
+    """The fields of a multipart form (first of each name), from a body already read within
+    the listener's limits (size, time, gzip). The standard library's MIME parser reads it
+    from bytes: nothing here waits on the client, counts its bytes a second time, or has
+    an error type of its own to leak as a 500; any failure is the form's fault (400)."""
+    try:
+        msg = BytesParser(policy=email.policy.HTTP).parsebytes(
+            b"Content-Type: " + content_type.encode("latin-1") + b"\r\n\r\n" + body)
+        if not msg.is_multipart() or msg.defects:
+            found = ", ".join(type(d).__name__ for d in msg.defects) or "no parts"
+            raise InvalidData(f"multipart form: cannot parse it ({found})")
+        parts: dict[str, bytes] = {}
+        for part in msg.iter_parts():
+            name = part.get_param("name", header="content-disposition")
+            if isinstance(name, str) and name not in parts:
+                payload = part.get_payload(decode=True)
+                parts[name] = payload if isinstance(payload, bytes) else b""
+        return parts
+    except InvalidData:
+        raise
+    except Exception as err:  # the parser's own errors: a malformed form
+        raise InvalidData(f"multipart form: cannot parse it: {str(err)[:200]}") from None
+
+
 class PyroscopeReceiver(HttpReceiver):
     event = "pyroscope"
     cfg: Config
@@ -161,18 +185,6 @@ class PyroscopeReceiver(HttpReceiver):
     async def _body(self, request: web.Request) -> bytes:
         return await read_body(request, self.cfg.max_request_bytes,
                                self.cfg.max_decompressed_bytes)
-
-    async def _part(self, part: Any) -> bytes:
-        """A multipart form's file, read in chunks within max_request_bytes (aiohttp's
-        client_max_size does not bound multipart reads)."""
-        chunks, size = [], 0
-        while chunk := await part.read_chunk():
-            size += len(chunk)
-            if size > self.cfg.max_request_bytes:
-                raise TooLarge(f"multipart 'profile' part over max_request_bytes="
-                               f"{self.cfg.max_request_bytes}")
-            chunks.append(chunk)
-        return bytes(part.decode(b"".join(chunks)))
 
     async def _deliver(self, batches: list[ProfileBatch]) -> None:
         batch = merge(batches) if batches else ProfileBatch([], {})  # type: ignore[arg-type]
@@ -220,18 +232,14 @@ class PyroscopeReceiver(HttpReceiver):
                 raise InvalidData(f"format={fmt}: only pprof is supported")
             service, _ = parse_name(request.query.get("name", ""))
             sample_types: dict[str, Any] | None = None
+            data = await self._body(request)
             if request.content_type.startswith("multipart/"):
-                data = b""
-                async for part in await request.multipart():
-                    field = getattr(part, "name", None)
-                    if field == "profile":
-                        data = await self._part(part)
-                    elif field == "sample_type_config":
-                        sample_types = parse_sample_type_config(await self._part(part))
+                parts = parse_multipart(data, request.headers.get("Content-Type", ""))
+                data = parts.get("profile", b"")
                 if not data:
                     raise InvalidData("multipart form has no 'profile' part")
-            else:
-                data = await self._body(request)
+                if "sample_type_config" in parts:
+                    sample_types = parse_sample_type_config(parts["sample_type_config"])
             await self._deliver([pprof.decode_pprof(
                 data, service, self.cfg.max_decompressed_bytes, sample_types, self.cfg.limits)])
         return await self._handle(work, connect=False)

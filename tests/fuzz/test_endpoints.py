@@ -206,6 +206,25 @@ PROTOBUF_BODIES = st.one_of(
     st.integers(0, 300).map(lambda n: span_request([b"\x01" * 8]).SerializeToString()[:n]),
 )
 
+@st.composite
+def multipart_body(draw: Any) -> bytes:
+    """A form with boundary ``xyz`` as /ingest takes it, with hostile part headers (nested
+    multipart, unknown transfer encodings) and, sometimes, cut short."""
+    out = b""
+    for _ in range(draw(st.integers(0, 3))):
+        name = draw(st.sampled_from(["profile", "sample_type_config", "junk", "\u00b2", ""]))
+        extra = draw(st.sampled_from([
+            "", "Content-Transfer-Encoding: base64\r\n", "Content-Transfer-Encoding: bogus\r\n",
+            "Content-Transfer-Encoding: quoted-printable\r\n",
+            "Content-Type: multipart/mixed\r\n", "Content-Type: multipart/mixed; boundary=q\r\n",
+            "Content-Encoding: br\r\n", "Content-Encoding: gzip\r\n"]))
+        payload = draw(st.one_of(st.binary(max_size=300), JSON_BODIES, GZIP_BODIES))
+        out += (f'--xyz\r\nContent-Disposition: form-data; name="{name}"; filename="f"\r\n'
+                f"{extra}\r\n").encode("utf-8", "surrogatepass") + payload + b"\r\n"
+    out += draw(st.sampled_from([b"--xyz--\r\n", b"", b"--xyz", b"--xy"]))
+    return out[:draw(st.integers(0, len(out)))] if draw(st.booleans()) else out
+
+
 CONTENT_TYPES = st.sampled_from([
     "application/json", "application/x-protobuf", "application/protobuf", "text/plain",
     "application/json; charset=utf-16", "application/proto", "multipart/form-data",
@@ -225,10 +244,10 @@ def receiver_request(draw: Any, paths: list[str]) -> bytes:
         st.just(""),
         st.lists(st.tuples(st.sampled_from(["name", "format", "from", "until",
                                              "sampleRate", "spyName", "x"]),
-                           HOSTILE_TEXT), max_size=4).map(
+                           st.one_of(st.just("pprof"), HOSTILE_TEXT)), max_size=4).map(
             lambda kv: "?" + "&".join(f"{k}={quote(v, safe='%', errors='surrogatepass')}"
                                       for k, v in kv))))
-    body = draw(st.one_of(JSON_BODIES, GZIP_BODIES, PROTOBUF_BODIES))
+    body = draw(st.one_of(JSON_BODIES, GZIP_BODIES, PROTOBUF_BODIES, multipart_body()))
     headers = [("Content-Type", draw(CONTENT_TYPES))]
     if enc := draw(ENCODINGS):
         headers.append(("Content-Encoding", enc))

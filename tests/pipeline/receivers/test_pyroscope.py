@@ -193,6 +193,52 @@ class TestPyroscopeReceiver:
         (smp,) = fake.batches[0].samples
         assert (smp.service, smp.measure, smp.value, smp.count) == ("shop", "cpu", 30_000_000, 3)
 
+    @pytest.mark.parametrize("ctype,body", [
+        ("multipart/form-data", b"--X\r\n\r\nx\r\n--X--\r\n"),  # no boundary=
+        ("multipart/form-data; boundary=X", b"not a multipart body at all"),
+        ("multipart/form-data; boundary=X",
+         b'--X\r\nContent-Disposition: form-data; name="profile"\r\n\r\nabc'),  # cut
+        ("multipart/form-data; boundary=X",
+         b'--X\r\nContent-Disposition: form-data; name="profile"\r\n'
+         b"Content-Transfer-Encoding: bogus\r\n\r\nabc\r\n--X--\r\n"),
+        ("multipart/mixed; boundary=X",
+         b"--X\r\nContent-Type: multipart/mixed\r\n\r\n--Y\r\n\r\n--X--\r\n"),
+    ])
+    async def test_malformed_multipart_is_400_not_500(self, server: Any, ctype: str,
+                                                       body: bytes) -> None:
+        """aiohttp's multipart reader raised ValueError/RuntimeError on these (500s); the
+        form is now parsed from the bounded body and any fault is the client's."""
+        r, fake, url = server
+        async with aiohttp.ClientSession() as http:
+            async with http.post(url + "/ingest?name=x&format=pprof", data=body,
+                                 headers={"Content-Type": ctype}) as resp:
+                assert resp.status == 400, await resp.text()
+        assert fake.batches == []
+
+    async def test_multipart_bounded_as_a_whole_and_gzip_of_the_whole_form(
+            self, server: Any) -> None:
+        """Every part counts towards max_request_bytes (a form with a huge unnamed part is
+        413), and a form gzipped as a whole is inflated like any other body."""
+        r, fake, url = server
+        raw = pprof([([1], 10, {"span_id": "00000000000000aa"})])
+        form = aiohttp.FormData()
+        form.add_field("junk", b"\0" * (r.cfg.max_request_bytes + 1), filename="junk")
+        form.add_field("profile", raw, filename="profile.pprof")
+        async with aiohttp.ClientSession() as http:
+            async with http.post(url + "/ingest?name=x&format=pprof", data=form) as resp:
+                assert resp.status == 413
+            boundary = "b0undary"
+            body = (f'--{boundary}\r\nContent-Disposition: form-data; name="profile"; '
+                    f'filename="p.pprof"\r\n\r\n').encode() + raw + \
+                f"\r\n--{boundary}--\r\n".encode()
+            async with http.post(url + "/ingest?name=shop&format=pprof",
+                                 data=gzip.compress(body),
+                                 headers={"Content-Type": f"multipart/form-data; "
+                                                          f"boundary={boundary}",
+                                          "Content-Encoding": "gzip"}) as resp:
+                assert resp.status == 200, await resp.text()
+        assert [b.samples[0].value for b in fake.batches] == [10]
+
     async def test_backpressure_is_503_with_retry_after(self, server: Any) -> None:
         """A full pipeline answers 503 with Retry-After; nothing is reported as accepted."""
         r, fake, url = server
