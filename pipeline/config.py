@@ -22,6 +22,7 @@ import os
 import re
 import types
 from typing import Annotated, Any, ClassVar, Literal, Union, get_args, get_origin
+from urllib.parse import unquote
 
 import msgspec
 import yaml
@@ -272,8 +273,9 @@ def _remember_secrets(node: Any, key: object = None) -> None:
             remember_secret(str(node))
         elif isinstance(node, str) and "@" in node:
             m = re.search(r"://[^/@:\s]*:([^/@\s]+)@", node)
-            if m:
+            if m:  # as written, and as the client is given it (percent-decoded)
                 remember_secret(m.group(1))
+                remember_secret(unquote(m.group(1)))
 
 
 def _msgspec_problem(prefix: str, err: msgspec.ValidationError) -> str:

@@ -26,10 +26,12 @@ _SECRET_KEY = re.compile(
     r"(?i)(?:.*[_-])?(?:password|passwd|pwd|secret|token|authorization|api_?key|credentials?)")
 # scheme://user:password@host -> scheme://user:***@host
 _URL_USERINFO = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^/@:\s]*):(?P<pw>[^/@\s]+)@")
-# password=x, "password": "x", token: x, Authorization: Bearer x (as quoted in error texts);
+# password=x, db_password=x, "password": "x", token: x, Authorization: Bearer x (as quoted
+# in error texts);
 # not a key path (exporters.clickhouse.password: expected str): the problem must stay readable
 _PAIR = re.compile(
-    r"(?i)(?P<key>(?<![.\w])(?:password|passwd|pwd|secret|token|api_?key|authorization)['\"]?"
+    r"(?i)(?P<key>(?<![.\w])(?:\w*_)?(?:password|passwd|pwd|secret|token|api_?key|"
+    r"authorization)['\"]?"
     r"\s*[=:]\s*['\"]?)(?P<scheme>(?:bearer|basic)\s+)?(?P<value>[^\s'\",;&}]+)")
 # shorter values are not remembered: replacing "ab" in every log line would garble them
 _MIN_SECRET_LEN = 4

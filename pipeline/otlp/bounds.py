@@ -24,6 +24,10 @@ unless one span collects the maximum from billions of requests.
 
 from __future__ import annotations
 
+from typing import Annotated
+
+import msgspec
+
 # [TIME_MIN_NS, TIME_MAX_NS): 1970-01-01T00:00:00Z .. 2106-01-01T00:00:00Z
 TIME_MIN_NS = 0
 TIME_MAX_NS = 4_291_747_200 * 1_000_000_000
@@ -37,6 +41,8 @@ MAX_REQUEST_VALUE = (1 << 63) - 1  # all records of one request together
 # sample records per request: OTLP timestamps make one record each, so a request's records
 # are bounded here, not only its samples (max_samples_per_request)
 MAX_RECORDS = 1 << 21
+# the config type of every max_samples_per_request: at most MAX_RECORDS
+RecordsLimit = Annotated[int, msgspec.Meta(ge=1, le=MAX_RECORDS)]
 MAX_COUNT = UINT32_MAX  # profile_samples.count is UInt32
 
 # Stacks (pipeline/otlp/stacks.py): what one request may make the decoder build.

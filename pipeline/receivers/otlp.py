@@ -65,10 +65,16 @@ class Config(msgspec.Struct, forbid_unknown_fields=True):
         g, h = self.protocols.enabled()
         if g is None and h is None:
             raise ConfigError("protocols: enable at least one protocol (grpc, http)")
-        if g is not None:
-            g.validate("protocols.grpc")
-        if h is not None:
-            h.validate("protocols.http")
+        problems: list[str] = []  # both protocols' problems, reported together
+        for proto, key in ((g, "protocols.grpc"), (h, "protocols.http")):
+            if proto is None:
+                continue
+            try:
+                proto.validate(key)
+            except ConfigError as err:
+                problems.extend(err.problems)
+        if problems:
+            raise ConfigError(problems)
 
 
 class OtlpReceiver:

@@ -55,6 +55,7 @@ from pipeline.config import (
     check_endpoint,
 )
 from pipeline.errors import ConfigError, InvalidData, Retryable, TooLarge
+from pipeline.otlp.bounds import RecordsLimit
 from pipeline.otlp.profiles import decode_profiles
 from pipeline.otlp.traces import decode_traces
 from pipeline.receivers.limits import check_items, count_items
@@ -107,7 +108,7 @@ class GrpcConfig(msgspec.Struct, forbid_unknown_fields=True):
     keepalive_time: Duration = Duration(60.0)         # ping a quiet connection ...
     keepalive_timeout: Duration = Duration(20.0)      # ... drop it if no answer by then
     max_spans_per_request: PositiveInt = 100_000
-    max_samples_per_request: PositiveInt = 1_000_000
+    max_samples_per_request: RecordsLimit = 1_000_000  # at most 2^21
 
     def validate(self, key: str) -> None:
         check_endpoint(self.endpoint, f"{key}.endpoint")

@@ -30,6 +30,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as tps
 from pipeline.config import Duration, PositiveInt, check_endpoint
 from pipeline.errors import InvalidData, Retryable, TooLarge
 from pipeline.otlp import jsonwire
+from pipeline.otlp.bounds import RecordsLimit
 from pipeline.otlp.profiles import decode_profiles
 from pipeline.otlp.traces import decode_traces
 from pipeline.receivers.http import (
@@ -72,7 +73,7 @@ class HttpConfig(msgspec.Struct, forbid_unknown_fields=True):
     max_request_bytes: PositiveInt = 16 << 20         # body as sent
     max_decompressed_bytes: PositiveInt = 64 << 20    # after gzip: a bomb is refused, not inflated
     max_spans_per_request: PositiveInt = 100_000
-    max_samples_per_request: PositiveInt = 1_000_000
+    max_samples_per_request: RecordsLimit = 1_000_000  # at most 2^21
     # connection limits (pipeline/receivers/http.py): slow and surplus clients
     read_header_timeout: Duration = Duration(10.0)   # request line + headers (slowloris)
     read_timeout: Duration = Duration(30.0)          # the whole body, once headers are in

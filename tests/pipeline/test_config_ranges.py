@@ -179,6 +179,25 @@ class TestEveryProblemAtOnce:
         ]:
             assert expected in problems, (expected, problems)
 
+    def test_both_otlp_protocols_are_checked_in_one_run(self) -> None:
+        """A bad gRPC endpoint does not hide a bad HTTP one, nor an OTLP sample limit over
+        what a request's values may sum to (2^21 records)."""
+        problems = problems_of("""
+receivers:
+  otlp:
+    protocols:
+      grpc: {endpoint: "x:99999", max_samples_per_request: 3000000}
+      http: {endpoint: ":1"}
+exporters: {debug: {}}
+service: {pipelines: {traces: {receivers: [otlp], exporters: [debug]}}}
+""")
+        assert problems == [
+            "receivers.otlp.protocols.grpc.max_samples_per_request: expected int <= 2097152",
+            "receivers.otlp.protocols.grpc.endpoint: port must be 1-65535 (0: any free port),"
+            " got 99999",
+            "receivers.otlp.protocols.http.endpoint: expected HOST:PORT, got ':1'",
+        ]
+
     def test_missing_service_does_not_stop_the_check(self) -> None:
         """No service: section is one problem among the others, not the only one."""
         problems = problems_of("receivers:\n  otlpx:\nexporters:\n  debug: {verbosity: 7}\n")
@@ -267,6 +286,8 @@ class TestRedaction:
         assert redact('{"token": "xyz"}') == '{"token": "***"}'
         assert redact("Authorization: Bearer abc.def") == "Authorization: Bearer ***"
         assert redact("pw is hunter22!") == "pw is ***!"
+        assert redact("Code: 516. db_password=abc1 clickhouse_password: 'x'") == \
+            "Code: 516. db_password=*** clickhouse_password: '***'"
         assert redact("exporters.clickhouse.password: expected str, got int") == \
             "exporters.clickhouse.password: expected str, got int"
 
@@ -282,10 +303,11 @@ class TestRedaction:
 
     def test_loading_remembers_the_config_secrets(self) -> None:
         """After a load, the password and the URL password are masked in any text."""
-        text = with_exporter("    endpoint: http://alice:urlpass1@db:8123\n"
+        text = with_exporter("    endpoint: http://alice:url%40pass1@db:8123\n"
                              "    password: ${env:PW}\n")
         load_text(text, env={"PW": "envpass1"})
-        assert redact("x envpass1 urlpass1 y") == "x *** *** y"
+        # the URL password as written and as the client is given it (percent-decoded)
+        assert redact("x envpass1 url%40pass1 url@pass1 y") == "x *** *** *** y"
 
     def test_validate_output_has_no_secret(self, tmp_path: Path) -> None:
         """`spanprof validate` masks secrets that a problem message quotes."""
