@@ -100,12 +100,27 @@ def build(cfg: Config) -> Graph:
             nxt = {}
             for sig in {signal_of(p) for p in outs}:
                 nxt[sig] = _fan([heads[p] for p in outs if signal_of(p) == sig])
-            pids = pipelines_using(cid, "exporters") + outs
+            ins = pipelines_using(cid, "exporters")
+            pids = ins + outs
             nodes[key] = Node(key, f.create(cfg.connectors[cid],
                                             Context(cid, pids, next=nxt, log=log(cid, pids),
-                                                    data_dir=data_dir)))
+                                                    data_dir=data_dir,
+                                                    store=store_for(ins, outs))))
             nodes[key].downstream |= {n for p in outs for n in _pipeline_nodes[p]}
         return nodes[key].component
+
+    def store_for(ins: list[str], outs: list[str]) -> Any:
+        """The ``clickhouse`` exporter a connector's output ends in (its checkpoint and crash
+        recovery read and write there); None when there is none, or when any input comes
+        from Kafka: there, uncommitted messages are delivered again after a crash, and
+        rows recovered from the store would then be counted twice."""
+        if any(component_type(r) == "kafka" for p in ins for r in pipelines[p].receivers):
+            return None
+        for p in outs:
+            for c in pipelines[p].exporters:
+                if c not in cfg.connectors and component_type(c) == "clickhouse":
+                    return nodes[f"exporter:{c}"].component
+        return None
 
     _pipeline_nodes: dict[str, set[str]] = {}
     for pid in reversed(porder):  # downstream pipelines first: connectors need their heads

@@ -9,7 +9,7 @@ from __future__ import annotations
 import builtins
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import msgspec
 import structlog
@@ -18,6 +18,22 @@ from pipeline.component import Consumer
 from pipeline.records import Signal
 
 Kind = Literal["receiver", "processor", "exporter", "connector"]
+
+
+class Store(Protocol):
+    """Read and write access to the tables an exporter fills (the ``clickhouse`` exporter).
+
+    Given to a connector whose output ends in that exporter (``graph.build``), so that the
+    correlator can keep a checkpoint and, after a crash, reconcile what it held in memory
+    with the raw rows already stored. Components never reach the store otherwise."""
+
+    @property
+    def database(self) -> str: ...
+
+    async def query(self, sql: str, parameters: dict[str, Any] | None = None
+                    ) -> tuple[list[str], list[tuple[Any, ...]]]: ...
+
+    async def insert(self, table: str, data: list[list[Any]], columns: list[str]) -> None: ...
 
 
 @dataclass
@@ -30,6 +46,9 @@ class Context:
     next: dict[str, Consumer] = field(default_factory=dict)
     log: Any = None
     data_dir: str = "."
+    # connectors feeding a ``clickhouse`` exporter: that exporter (see ``Store``); None
+    # elsewhere, and where the input comes from Kafka (its offsets already give exactly once)
+    store: Store | None = None
 
     def __post_init__(self) -> None:
         if self.log is None:

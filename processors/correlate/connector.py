@@ -10,6 +10,8 @@ pipelines and the receiver of an ``attributions`` pipeline::
         late_window: 10m      # samples this late for a reported span still flush fast
         max_entries: 200000   # held spans + sample groups; beyond: report oldest early
         flush_interval: 1s
+        checkpoint_interval: 5s  # how often the checkpoint of held input is written
+        recover: true         # on start, reconcile what a crash lost (recovery.py)
     service:
       pipelines:
         traces:       {receivers: [otlp], exporters: [clickhouse, spancorrelator]}
@@ -25,6 +27,13 @@ commits the offsets only once the attribution is durable (exactly once after cra
 Reports that the next stage refuses stay in an outbox and are retried; while the outbox is
 over ``max_entries`` rows, new input is refused with a retryable error (explicit
 backpressure, not an unbounded queue).
+
+Crash recovery: when the ``attributions`` pipeline ends in a ``clickhouse`` exporter (the
+graph then gives the connector that store, ``Context.store``), the connector writes a
+checkpoint every ``checkpoint_interval``: the arrival of the oldest input it still holds
+unreported, taken only after a flush that left the outbox empty. On start it reconciles
+every trace stored since then with what ``span_attribution`` holds (``recovery``), before
+any receiver runs. Without a store (the Kafka tier, unit tests) there is neither.
 """
 
 from __future__ import annotations
@@ -38,7 +47,8 @@ import msgspec
 from pipeline.config import Duration, NonNegDuration, PositiveInt
 from pipeline.errors import ConfigError, Retryable
 from pipeline.records import AttributionBatch, Batch, ProfileBatch, SpanBatch
-from pipeline.registry import Context, Factory
+from pipeline.registry import Context, Factory, Store
+from processors.correlate import recovery
 from processors.correlate.state import (
     CorrelatorState,
     SpanLookup,
@@ -55,6 +65,8 @@ class Config(msgspec.Struct, forbid_unknown_fields=True):
     late_window: Duration = Duration(600.0)
     max_entries: PositiveInt = 200_000
     flush_interval: Duration = Duration(1.0)
+    checkpoint_interval: Duration = Duration(5.0)
+    recover: bool = True
 
     def validate(self) -> None:
         if self.max_entries < 1:
@@ -79,6 +91,9 @@ class SpanCorrelator:
         self._stopped = False
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
+        self._last_checkpoint = float("-inf")
+        # a recovery that failed: checkpoints stay at its start, so the next start retries
+        self._floor: float | None = None
 
     def __repr__(self) -> str:
         return f"<SpanCorrelator {self.state!r} outbox={self.outbox_rows}>"
@@ -88,6 +103,9 @@ class SpanCorrelator:
         return sum(len(b) for b in self._outbox)
 
     async def start(self) -> None:
+        store = self.ctx.store
+        if store is not None and "attributions" in self.ctx.next:
+            await self._recover(store)
         self._task = asyncio.create_task(self._run(), name=f"{self.ctx.id}-flush")
 
     async def consume(self, batch: Batch) -> None:
@@ -145,9 +163,56 @@ class SpanCorrelator:
             if self._stopped:
                 return
             try:
-                await self.flush()
+                if await self.flush() and \
+                        self.clock() - self._last_checkpoint >= float(self.cfg.checkpoint_interval):
+                    await self.checkpoint()
             except Exception:  # never let the flusher die silently
                 self.log.exception("correlator_flush_error")
+
+    def held_since(self) -> float:
+        """Wall-clock time of the oldest input held unreported (now if none): only valid
+        right after a flush that left the outbox empty (otherwise its rows are held too)."""
+        now = time.time()
+        oldest = self.state.oldest_held()
+        held = now if oldest is None else min(now, now - (self.clock() - oldest))
+        return held if self._floor is None else min(held, self._floor)
+
+    async def checkpoint(self, held_since: float | None = None) -> None:
+        """Write the checkpoint (``held_since`` computed now unless given); a failure is
+        logged: the previous checkpoint stays, which only widens the next recovery."""
+        store = self.ctx.store
+        if store is None:
+            return
+        held = self.held_since() if held_since is None else held_since
+        self._last_checkpoint = self.clock()
+        try:
+            await recovery.write_checkpoint(store, self.ctx.id, held)
+        except Exception as err:
+            self.log.warning("correlator_checkpoint_failed", error=str(err)[:300])
+
+    async def _recover(self, store: Store) -> None:
+        """Reconcile what a crash may have lost, then checkpoint: see ``recovery``."""
+        t0 = time.monotonic()
+        try:
+            since = await recovery.read_checkpoint(store, self.ctx.id)
+        except Exception as err:
+            self.log.warning("correlator_checkpoint_unreadable", error=str(err)[:300])
+            return
+        if since is not None and self.cfg.recover:
+            margin = recovery.MARGIN_S + 2 * float(self.cfg.flush_interval)
+            try:
+                res = await recovery.recover(store, since - margin,
+                                             self.ctx.next["attributions"].consume)
+            except Exception as err:
+                self._floor = since
+                self.log.error("correlator_recovery_failed", error=str(err)[:300],
+                               held_since=since)
+                return
+            self.log.info("correlator_recovered", traces=res.traces, rows=res.rows,
+                          cpu_ns=res.cpu_ns, seconds=round(time.monotonic() - t0, 3),
+                          held_since=since, traces_skipped=res.skipped_traces,
+                          unlabelled_samples_not_recovered=res.unlabelled_samples)
+        await self.checkpoint(time.time())
 
     async def shutdown(self) -> None:
         """Report everything held, whatever its window, and deliver it before returning."""
@@ -164,6 +229,8 @@ class SpanCorrelator:
         delay = 0.2
         for _ in range(50):
             if await self.flush(force=True):
+                now = time.time()
+                await self.checkpoint(now if self._floor is None else self._floor)
                 break
             await asyncio.sleep(delay)
             delay = min(delay * 2, 5.0)

@@ -257,6 +257,25 @@ class CorrelatorState:
         return (len(self.spans) + len(self.orphans) + len(self.late) + len(self.held)
                 + self._orphan_timed)
 
+    def oldest_held(self) -> float | None:
+        """A lower bound on the arrival (clock of ``now``) of the input held unreported, or
+        None when nothing is held: the correlator's checkpoint, from which a restart after
+        a crash finds the traces whose rows it may have lost (``recovery``).
+
+        A span's accumulator dates from its span's arrival (or its first sample's), and that
+        span is in the store, so its trace is found. Accumulators created when a timed
+        sample was placed (orphans, late, unattributed, evicted) date from the placement,
+        up to ``grace`` (plus one flush) after the sample arrived: ``grace`` is taken off
+        them, and the connector's margin covers the flush."""
+        times = [p.acc.since for p in self.spans.values()]
+        times += [o.acc.since - self.grace for o in self.orphans.values()]
+        times += [p.acc.since - self.grace for p in self.late.values()]
+        times += [a.since - self.grace for a in self.unattributed.values()]
+        times += [a.since - self.grace for _, _, a in self._evicted]
+        if self.held:
+            times.append(self.held[0][0])  # appended in arrival order
+        return min(times) if times else None
+
     # ---- input -------------------------------------------------------------------------
 
     def add_spans(self, spans: list[Span], now: float) -> None:

@@ -223,6 +223,19 @@ class ClickHouseExporter:
             self.executor, lambda: self.client.query(sql, parameters=parameters or {}))
         return list(res.column_names), list(res.result_rows)
 
+    @property
+    def database(self) -> str:
+        return self.cfg.database
+
+    async def insert(self, table: str, data: list[list[Any]], columns: list[str]) -> None:
+        """Insert a few rows now, outside the writer's batches (the correlator's checkpoint:
+        it must be durable when this returns, and it is not a pipeline batch)."""
+        if self.client is None:
+            raise Retryable(f"{self.ctx.id}: not started")
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self.executor, lambda: self.client.insert(
+            f"{self.cfg.database}.{table}", data, column_names=columns))
+
     async def shutdown(self) -> None:
         if self._stopped:
             return

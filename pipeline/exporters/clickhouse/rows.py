@@ -18,7 +18,7 @@ TRACES_COLUMNS = [
 ]
 SAMPLES_COLUMNS = ["time", "service", "trace_id", "span_id", "stack_id", "measure",
                    "sample_type", "unit", "value", "count", "thread_id", "thread_name",
-                   "span_name", "pid", "host"]
+                   "span_name", "pid", "host", "timed"]
 STACKS_COLUMNS = ["stack_id", "functions", "files", "lines"]
 ATTRIBUTION_COLUMNS = ["trace_id", "span_id", "method", "source", "service", "name",
                        "parent_span_id", "start_time", "duration_ns", "span_known", "cpu_ns",
@@ -96,6 +96,7 @@ def profiles(batch: ProfileBatch, skip_stacks: set[int] | frozenset[int] = froze
         "span_name": [s.span_name for s in ss],
         "pid": [s.pid for s in ss],
         "host": [s.host for s in ss],
+        "timed": [int(s.timed) for s in ss],
     }}
     stacks = [st for sid, st in batch.stacks.items() if sid not in skip_stacks]
     if stacks:

@@ -463,8 +463,37 @@ ORDER BY (table, time)
 SETTINGS ttl_only_drop_parts = 1, non_replicated_deduplication_window = 10000"""]
 
 
+def migration_9(o: SchemaOptions) -> list[str]:
+    """What the correlator needs to recover after a crash (processors/correlate/recovery.py).
+
+    ``ingested_at`` says when a raw row was stored, so that a restarted correlator finds
+    the traces it may have been holding in memory: those with a row stored since its last
+    checkpoint's ``held_since`` (the arrival of the oldest input it still held unreported).
+    A column with a DEFAULT leaves the Collector's queries on ``otel_traces`` unchanged, and
+    the writer names its columns, so the default fills it. ``timed`` says a sample carried its
+    own instant (``Sample.timed``), which decides how a replay places it (``link+time``).
+    ``correlator_checkpoint`` keeps
+    the newest checkpoint per correlator id (``ReplacingMergeTree(updated)``)."""
+    db = o.database
+    return [
+        f"""ALTER TABLE {db}.profile_samples
+    ADD COLUMN IF NOT EXISTS ingested_at DateTime DEFAULT now() CODEC(Delta, ZSTD(1)),
+    ADD COLUMN IF NOT EXISTS timed UInt8 DEFAULT 0  -- time is the sample's own instant""",
+        f"""ALTER TABLE {db}.otel_traces
+    ADD COLUMN IF NOT EXISTS ingested_at DateTime DEFAULT now() CODEC(Delta, ZSTD(1))""",
+        f"""CREATE TABLE IF NOT EXISTS {db}.correlator_checkpoint (
+    component String,                                  -- the connector's id
+    held_since DateTime,                               -- oldest input held unreported
+    alive_at DateTime,                                 -- when this checkpoint was taken
+    updated DateTime64(3)
+) ENGINE = ReplacingMergeTree(updated)
+-- the newest checkpoint per correlator: argMax(held_since, updated) (also across shards)
+ORDER BY component""",
+    ]
+
+
 MIGRATIONS = [migration_1, migration_2, migration_3, migration_4, migration_5, migration_6,
-              migration_7, migration_8]
+              migration_7, migration_8, migration_9]
 
 
 _TTL_OF = re.compile(r"CREATE TABLE IF NOT EXISTS \w+\.(\w+) \(.*?TTL toDateTime\((\w+)\)",

@@ -1,0 +1,100 @@
+"""Crash recovery's pure parts: the checkpoint's oldest held input, and delta rows."""
+
+from __future__ import annotations
+
+from pipeline.records import Attribution, ProfileBatch, Sample, Span, Stack
+from processors.correlate.recovery import Stored, deltas, expected
+from processors.correlate.state import CorrelatorState
+
+T, S1, S2 = b"t" * 16, b"a" * 8, b"b" * 8
+
+
+def _span(sid: bytes, parent: bytes = b"", start: int = 0, end: int = 100) -> Span:
+    return Span(T, sid, parent, "op", 0, "svc", start, end)
+
+
+def _sample(sid: bytes, value: int, t: int = 50, timed: bool = False,
+            trace: bytes = T) -> Sample:
+    return Sample(trace, sid, "svc", t, 1, "cpu", value, 1, "cpu", "nanoseconds",
+                  timed=timed)
+
+
+def _batch(*samples: Sample) -> ProfileBatch:
+    return ProfileBatch(list(samples), {1: Stack(1, ["leaf", "main"], [], [])})
+
+
+class TestOldestHeld:
+    def test_nothing_held(self) -> None:
+        """An empty state holds nothing: the checkpoint says "now"."""
+        assert CorrelatorState().oldest_held() is None
+
+    def test_span_and_timed_sample(self) -> None:
+        """The oldest of a held span (its arrival) and a held timed sample (its arrival)."""
+        st = CorrelatorState(grace=10)
+        st.add_spans([_span(S1)], 105.0)
+        st.add_samples(_batch(_sample(S1, 5, timed=True)), 103.0)
+        assert st.oldest_held() == 103.0
+
+    def test_orphan_is_dated_grace_earlier(self) -> None:
+        """An orphan made when a timed sample was placed dates from the placement, up to
+        grace after the sample came: grace is taken off."""
+        st = CorrelatorState(grace=10, orphan_timeout=60)
+        st.add_samples(_batch(_sample(S2, 5)), 200.0)
+        assert st.oldest_held() == 190.0
+
+    def test_reported_input_is_not_held(self) -> None:
+        """Once everything is reported, nothing is held (the late markers carry no data)."""
+        st = CorrelatorState(grace=1)
+        st.add_spans([_span(S1)], 0.0)
+        st.add_samples(_batch(_sample(S1, 5)), 0.0)
+        st.take_due(5.0)
+        assert st.oldest_held() is None
+
+
+def _row(sid: bytes, method: str, cpu: int, known: bool = True) -> Attribution:
+    return Attribution(T, sid, method, "svc", "op", b"", 0, 100, known, cpu, 0, 1,
+                       {"leaf": cpu}, {}, 1, cpu, {1: cpu}, {})
+
+
+class TestDeltas:
+    def test_nothing_stored_gives_the_expected_rows(self) -> None:
+        """A span the crash lost entirely gets all its CPU, functions and stacks."""
+        out = deltas([_row(S1, "link", 30)], Stored())
+        assert [(r.span_id, r.cpu_ns, r.self_cpu_ns, r.stack_cpu_ns) for r in out] == \
+            [(S1, 30, {"leaf": 30}, {1: 30})]
+
+    def test_stored_part_is_not_written_again(self) -> None:
+        """expected - stored, per field, and nothing when they are equal (idempotent)."""
+        stored = Stored(rows={(T, S1, "link"): [10, 0, 1, 10, 1]},
+                        functions={((T, S1, "link"), "leaf"): (10, 0)},
+                        stacks={((T, S1, "link"), 1): (10, 0)})
+        out = deltas([_row(S1, "link", 30)], stored)
+        assert [(r.cpu_ns, r.self_cpu_ns, r.stack_cpu_ns, r.sample_count) for r in out] == \
+            [(20, {"leaf": 20}, {1: 20}, 0)]
+        full = Stored(rows={(T, S1, "link"): [30, 0, 1, 30, 1]},
+                      functions={((T, S1, "link"), "leaf"): (30, 0)},
+                      stacks={((T, S1, "link"), 1): (30, 0)})
+        assert deltas([_row(S1, "link", 30)], full) == []
+
+    def test_placed_elsewhere_is_capped_by_the_trace(self) -> None:
+        """The live correlator put 30 on the parent (its child came after grace); recovery
+        would put it on the child: the trace already has its 30, so nothing is added."""
+        stored = Stored(rows={(T, S1, "link"): [30, 0, 1, 30, 1],
+                              (T, S2, "link"): [0, 0, 0, 0, 1]})
+        out = deltas([_row(S1, "link", 0), _row(S2, "link+time", 30)], stored)
+        assert sum(r.cpu_ns for r in out) == 0
+        assert all(not r.self_cpu_ns and not r.stack_cpu_ns for r in out)
+
+    def test_missing_span_row_is_written_without_cpu(self) -> None:
+        """A known span with no stored row gets one (its name and duration), even at 0."""
+        out = deltas([_row(S1, "link", 0)], Stored())
+        assert [(r.span_id, r.cpu_ns, r.span_known) for r in out] == [(S1, 0, True)]
+
+    def test_expected_places_timed_samples_in_children(self) -> None:
+        """The replay is the correlator's own placement: a timed sample labelled with the
+        root goes to the child open at its instant."""
+        rows = expected([_span(S1), _span(S2, parent=S1, start=40, end=60)],
+                        [_sample(S1, 7, t=50, timed=True), _sample(S1, 3, t=10, timed=True)],
+                        {1: Stack(1, ["leaf"], [], [])})
+        got = {(r.span_id, r.method): r.cpu_ns for r in rows if r.cpu_ns}
+        assert got == {(S2, "link+time"): 7, (S1, "link"): 3}
