@@ -6,7 +6,7 @@ CONFIG ?= config/local.yaml
 # PERFORMANCE.md: glibc trimming the heap after every large protobuf parse halves throughput.
 export MALLOC_TRIM_THRESHOLD_ ?= 268435456
 
-.PHONY: run test bench lint venv clean
+.PHONY: run test bench fuzz faults lint venv clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,14 @@ bench: venv
 	$(BIN)/python bench/bench_kafka.py
 	$(BIN)/python bench/accuracy.py
 	$(BIN)/python bench/bench_storage.py
+
+# the long fuzz run (hypothesis profile "fuzz": >= 1 M inputs over every decoder and endpoint)
+fuzz: venv
+	SPANPROF_FUZZ=1 $(BIN)/python -m pytest -q tests/fuzz
+
+# faults under load (disk full, ClickHouse down, SIGKILL, poison): acknowledged = stored = attributed
+faults: venv
+	$(BIN)/python bench/faults.py
 
 lint: venv
 	$(BIN)/ruff check pipeline processors tests bench
