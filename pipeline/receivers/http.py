@@ -39,6 +39,7 @@ from aiohttp.streams import StreamReader
 from aiohttp.web_protocol import RequestHandler
 
 from pipeline.errors import ConfigError, InvalidData, TooLarge
+from pipeline.receivers.idempotency import RecentRequests, request_key
 from pipeline.receivers.limits import gunzip_limited
 from pipeline.registry import Context
 
@@ -388,6 +389,15 @@ class HttpReceiver:
         self.limits = ServerLimits.of(cfg)
         self._runner: web.AppRunner | None = None
         self.port: int | None = None
+        self.recent = RecentRequests()  # resent requests delivered once
+
+    async def deliver_once(self, signal: str, batch: Any, *key_parts: bytes | str) -> None:
+        """Hand ``batch`` on unless the same request (``key_parts``: what identifies it,
+        e.g. its path and body) is being delivered or was delivered lately; see
+        ``pipeline/receivers/idempotency.py``."""
+        if await self.recent.deliver(request_key(*key_parts),
+                                     lambda: self.ctx.next[signal].consume(batch)):
+            self.metrics["duplicate_requests"] += 1
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.ctx.id} port={self.port} {dict(self.metrics)}>"

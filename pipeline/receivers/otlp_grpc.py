@@ -58,6 +58,7 @@ from pipeline.errors import ConfigError, InvalidData, Retryable, TooLarge
 from pipeline.otlp.bounds import RecordsLimit
 from pipeline.otlp.profiles import decode_profiles
 from pipeline.otlp.traces import decode_traces
+from pipeline.receivers.idempotency import RecentRequests, request_key
 from pipeline.receivers.limits import check_items, count_items
 from pipeline.registry import Context
 
@@ -126,6 +127,7 @@ class GrpcServer:
         self.metrics: Counter[str] = Counter()
         self._stopped = False
         self._in_flight = 0
+        self.recent = RecentRequests()  # resent requests delivered once
 
     def __repr__(self) -> str:
         return f"<GrpcServer {self.ctx.id} port={self.port} {dict(self.metrics)}>"
@@ -158,9 +160,14 @@ class GrpcServer:
         await self.server.start()
         self.log.info("otlp_grpc_listening", endpoint=g.endpoint, port=self.port)
 
-    async def _deliver(self, signal: str, batch: Any, context: grpc.aio.ServicerContext) -> None:
+    async def _deliver(self, signal: str, batch: Any, context: grpc.aio.ServicerContext,
+                       key: bytes) -> None:
         try:
-            await self.ctx.next[signal].consume(batch)
+            # a resent request (its first attempt still on its way, or stored already) is
+            # delivered once: pipeline/receivers/idempotency.py
+            if await self.recent.deliver(key, lambda: self.ctx.next[signal].consume(batch)):
+                self.metrics["duplicate_requests"] += 1
+                return
         except InvalidData as err:
             self.metrics[f"refused_{ITEMS[signal]}"] += len(batch)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
@@ -206,7 +213,7 @@ class GrpcServer:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(err))
         decoded = decode(req)
         if len(decoded.batch):
-            await self._deliver(signal, decoded.batch, context)
+            await self._deliver(signal, decoded.batch, context, request_key(signal, data))
         resp = response_type()
         if decoded.rejected:
             self.metrics[f"refused_{rejected_field.split('_', 1)[1]}"] += decoded.rejected

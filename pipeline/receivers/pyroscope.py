@@ -186,12 +186,14 @@ class PyroscopeReceiver(HttpReceiver):
         return await read_body(request, self.cfg.max_request_bytes,
                                self.cfg.max_decompressed_bytes)
 
-    async def _deliver(self, batches: list[ProfileBatch]) -> None:
+    async def _deliver(self, batches: list[ProfileBatch], *key: bytes | str) -> None:
+        """Hand the push on, once if the client sends the same one again (``key``: what
+        identifies it, see ``pipeline/receivers/idempotency.py``)."""
         batch = merge(batches) if batches else ProfileBatch([], {})  # type: ignore[arg-type]
         check_items(len(batch), self.cfg.max_samples_per_request, "samples",
                     "max_samples_per_request")
         if len(batch):
-            await self.ctx.next["profiles"].consume(batch)
+            await self.deliver_once("profiles", batch, *key)
         self.metrics["accepted_samples"] += len(batch)
 
     async def _handle(self, work: Any, connect: bool) -> web.Response:
@@ -222,7 +224,7 @@ class PyroscopeReceiver(HttpReceiver):
     async def push(self, request: web.Request) -> web.Response:
         async def work() -> None:
             body = await self._body(request)
-            await self._deliver(decode_push(body, self.cfg))
+            await self._deliver(decode_push(body, self.cfg), request.path, body)
         return await self._handle(work, connect=True)
 
     async def ingest(self, request: web.Request) -> web.Response:
@@ -233,15 +235,19 @@ class PyroscopeReceiver(HttpReceiver):
             service, _ = parse_name(request.query.get("name", ""))
             sample_types: dict[str, Any] | None = None
             data = await self._body(request)
+            config = b""
             if request.content_type.startswith("multipart/"):
                 parts = parse_multipart(data, request.headers.get("Content-Type", ""))
                 data = parts.get("profile", b"")
                 if not data:
                     raise InvalidData("multipart form has no 'profile' part")
                 if "sample_type_config" in parts:
-                    sample_types = parse_sample_type_config(parts["sample_type_config"])
+                    config = parts["sample_type_config"]
+                    sample_types = parse_sample_type_config(config)
+            # keyed by what the form holds, not its bytes: a resend may draw a new boundary
             await self._deliver([pprof.decode_pprof(
-                data, service, self.cfg.max_decompressed_bytes, sample_types, self.cfg.limits)])
+                data, service, self.cfg.max_decompressed_bytes, sample_types, self.cfg.limits)],
+                request.path, request.query_string, data, config)
         return await self._handle(work, connect=False)
 
 

@@ -167,7 +167,9 @@ class TestPyroscopeReceiver:
                 assert resp.status == 200
             form = aiohttp.FormData()
             form.add_field("profile", raw, filename="profile.pprof")
-            async with http.post(url + "/ingest" + q, data=form) as resp:
+            # another time range: the same profile for the same range is a resend, stored once
+            async with http.post(url + "/ingest" + q.replace("from=1", "from=2"),
+                                 data=form) as resp:
                 assert resp.status == 200
             async with http.post(url + "/ingest?name=x&format=folded", data=b"a;b 1") as resp:
                 assert resp.status == 400
@@ -238,6 +240,21 @@ class TestPyroscopeReceiver:
                                           "Content-Encoding": "gzip"}) as resp:
                 assert resp.status == 200, await resp.text()
         assert [b.samples[0].value for b in fake.batches] == [10]
+
+    async def test_a_form_sent_again_is_stored_once(self, server: Any) -> None:
+        """An SDK resending the same upload (a new multipart boundary each time) gets 200
+        and the samples are delivered once; another profile for the same app is not a
+        resend."""
+        r, fake, url = server
+        q = "?name=shop.cpu&format=pprof&from=1&until=2"
+        async with aiohttp.ClientSession() as http:
+            for value in (10, 10, 11):
+                form = aiohttp.FormData()
+                form.add_field("profile", pprof([([1], value, {})]), filename="p.pprof")
+                async with http.post(url + "/ingest" + q, data=form) as resp:
+                    assert resp.status == 200
+        assert [b.samples[0].value for b in fake.batches] == [10, 11]
+        assert r.metrics["duplicate_requests"] == 1
 
     async def test_backpressure_is_503_with_retry_after(self, server: Any) -> None:
         """A full pipeline answers 503 with Retry-After; nothing is reported as accepted."""

@@ -1,0 +1,103 @@
+"""A request sent again is delivered once.
+
+OTLP exporters and Pyroscope SDKs resend a request when they got no answer in time (their
+timeout) or were told to retry. When the first attempt was in fact accepted and is still on
+its way to durable storage (an insert retried under its deduplication token while
+ClickHouse is down), or was stored after the client gave up, delivering the resend too would
+store and attribute the same spans and samples twice (seen in the fault run: 100 samples
+twice after a 60 s outage).
+
+So each receiver keys a request by a hash of what it delivers (the signal or path, and the
+body as received) and:
+
+* runs the delivery in a task of its own, which the client's cancellation (a deadline, a
+  closed connection) does not stop: data accepted is either stored or refused, whatever
+  the client's patience;
+* lets a resend that arrives while that task runs wait for it, and share its outcome (an
+  error too: then the client retries again, and nothing was stored);
+* answers a resend of a request delivered in the last ``RECENT_S`` seconds with success at
+  once, without delivering it again (at most ``RECENT_MAX`` remembered).
+
+Identical bodies are duplicates by construction: spans carry their ids, and two profile
+requests with the same samples, stacks and times are one profile sent twice. The window is
+one process's memory: a resend that reaches another gateway is not recognised (the raw
+tables still collapse repeated spans; samples would count twice).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+
+RECENT_S = 600.0  # how long a delivered request is remembered (clients give up well before)
+RECENT_MAX = 100_000  # at most this many remembered (oldest forgotten first)
+
+
+def request_key(*parts: bytes | str) -> bytes:
+    """A 128-bit digest of the parts (each length-prefixed, so that parts cannot run into
+    each other)."""
+    h = hashlib.blake2b(digest_size=16)
+    for part in parts:
+        data = part.encode("utf-8", "surrogatepass") if isinstance(part, str) else part
+        h.update(len(data).to_bytes(8, "little"))
+        h.update(data)
+    return h.digest()
+
+
+class RecentRequests:
+    """Deliveries in flight and recently done, by request key (see the module docstring)."""
+
+    def __init__(self, recent_s: float = RECENT_S, max_entries: int = RECENT_MAX,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.recent_s = recent_s
+        self.max_entries = max_entries
+        self.clock = clock
+        self._inflight: dict[bytes, asyncio.Task[None]] = {}
+        self._done: OrderedDict[bytes, float] = OrderedDict()  # key -> when delivered
+        self.duplicates = 0
+
+    def __repr__(self) -> str:
+        return (f"<RecentRequests inflight={len(self._inflight)} done={len(self._done)} "
+                f"duplicates={self.duplicates}>")
+
+    def _forget_old(self, now: float) -> None:
+        done = self._done
+        while done and (len(done) > self.max_entries
+                        or next(iter(done.values())) + self.recent_s < now):
+            done.popitem(last=False)
+
+    async def deliver(self, key: bytes, deliver: Callable[[], Awaitable[None]]) -> bool:
+        """Deliver once per key; True when this call was a duplicate (nothing delivered by
+        it). Raises what the delivery raised, to the first caller and to resends alike."""
+        self._forget_old(self.clock())
+        if key in self._done:
+            self.duplicates += 1
+            return True
+        task = self._inflight.get(key)
+        if task is not None:
+            self.duplicates += 1
+            await asyncio.shield(task)
+            return True
+        task = asyncio.ensure_future(self._run(key, deliver))
+        self._inflight[key] = task
+        await asyncio.shield(task)
+        return False
+
+    async def _run(self, key: bytes, deliver: Callable[[], Awaitable[None]]) -> None:
+        try:
+            await deliver()
+            self._done[key] = self.clock()
+        finally:
+            del self._inflight[key]
+            # a failure nobody awaits any more (its client gone) is not an unhandled error
+            task = asyncio.current_task()
+            if task is not None:
+                task.add_done_callback(_retrieve)
+
+
+def _retrieve(task: asyncio.Task[None]) -> None:
+    if not task.cancelled():
+        task.exception()
