@@ -283,7 +283,8 @@ def main() -> None:
         try:
             def phase(name: str, seconds: float) -> None:
                 Phase.name = name
-                print(f"  {time.strftime('%H:%M:%S')} {name} ({seconds:.0f}s)", flush=True)
+                print(f"  {time.strftime('%H:%M:%S', time.gmtime())} {name} ({seconds:.0f}s)",
+                      flush=True)
                 time.sleep(seconds)
 
             phase("steady (start)", args.steady)
@@ -302,7 +303,7 @@ def main() -> None:
             ran.append(f"clickhouse down {args.down:.0f}s")
             phase("steady (after clickhouse down)", args.steady)
             Phase.name = "sigkill"
-            print(f"  {time.strftime('%H:%M:%S')} SIGKILL, restart", flush=True)
+            print(f"  {time.strftime('%H:%M:%S', time.gmtime())} SIGKILL, restart", flush=True)
             p.stop(signal.SIGKILL)
             p.start()
             ran.append("sigkill + restart")
@@ -336,6 +337,11 @@ def report(p: SpanprofProcess, tally: Tally, rc: int, ran: list[str]) -> None:
             "SELECT TraceId, SpanId FROM spanprof.otel_traces WHERE ServiceName = {s:String}")}
         sample_rows = rows("SELECT trace_id, span_id, value FROM spanprof.profile_samples "
                            "WHERE service = {s:String}")
+        # when each sample stored twice was stored (which phase made the duplicate)
+        dup_at = rows("SELECT toString(ingested_at), count() FROM spanprof.profile_samples "
+                      "WHERE service = {s:String} AND (trace_id, span_id) IN (SELECT trace_id, "
+                      "span_id FROM spanprof.profile_samples WHERE service = {s:String} "
+                      "GROUP BY trace_id, span_id HAVING count() > 1) GROUP BY 1 ORDER BY 1")
         attributed = {(bytes.fromhex(t), bytes.fromhex(s)): int(c) for t, s, c in rows(
             "SELECT trace_id, span_id, sum(cpu_ns) FROM spanprof.span_attribution FINAL "
             "WHERE service = {s:String} GROUP BY trace_id, span_id")}
@@ -368,6 +374,8 @@ def report(p: SpanprofProcess, tally: Tally, rc: int, ran: list[str]) -> None:
           f"  lost {lost_spans}")
     print(f"  samples acknowledged {len(acked_p)}  stored {len(acked_p.keys() & samples.keys())}"
           f"  stored twice {dup_samples}  lost {lost_samples}")
+    if dup_samples:
+        print(f"  samples stored twice were stored at (UTC): {dup_at}")
     print(f"  attributed exactly {exact} of {len(acked_p)} (more: {over}, less: {under})")
     print("  /health by phase: " + "; ".join(
         f"{name} {sorted(codes)}" for name, codes in tally.health.items()))
