@@ -122,6 +122,15 @@ def build(cfg: Config) -> Graph:
                     return nodes[f"exporter:{c}"].component
         return None
 
+    def receiver_store(pids: list[str]) -> Any:
+        """The ``clickhouse`` exporter a receiver's pipelines store into (it reads there
+        the requests stored before a restart, ``pipeline/receivers/idempotency.py``)."""
+        for p in pids:
+            for c in pipelines[p].exporters:
+                if c not in cfg.connectors and component_type(c) == "clickhouse":
+                    return nodes[f"exporter:{c}"].component
+        return None
+
     _pipeline_nodes: dict[str, set[str]] = {}
     for pid in reversed(porder):  # downstream pipelines first: connectors need their heads
         p = pipelines[pid]
@@ -157,7 +166,8 @@ def build(cfg: Config) -> Graph:
             f = known["receiver"][component_type(cid)]
             nodes[key] = Node(key, f.create(cfg.receivers[cid],
                                             Context(cid, pids, next=nxt, log=log(cid, pids),
-                                                    data_dir=data_dir)),
+                                                    data_dir=data_dir,
+                                                    store=receiver_store(pids))),
                               downstream={n for p in pids for n in _pipeline_nodes[p]})
     unused = [f"{section}.{cid}: defined but not used in any pipeline"
               for section in ("receivers", "exporters", "connectors")

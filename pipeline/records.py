@@ -110,6 +110,10 @@ class SpanBatch(msgspec.Struct):
     # and how many items it holds
     origin: str = ""
     parts: list[tuple[str, int]] = []
+    # per client request in it, in order: its id (a hash of the request, see
+    # pipeline/receivers/idempotency.py) and how many items it holds; stored with the rows,
+    # so that a restarted receiver knows which resent requests it already has
+    requests: list[tuple[int, int]] = []
 
     def __len__(self) -> int:
         return len(self.spans)
@@ -123,6 +127,7 @@ class ProfileBatch(msgspec.Struct):
     sources: list[tuple[Any, list[tuple[int, int, int]]]] = []
     origin: str = ""
     parts: list[tuple[str, int]] = []
+    requests: list[tuple[int, int]] = []  # as SpanBatch.requests
 
     def __len__(self) -> int:
         return len(self.samples)

@@ -47,7 +47,8 @@ class Context:
     log: Any = None
     data_dir: str = "."
     # connectors feeding a ``clickhouse`` exporter: that exporter (see ``Store``); None
-    # elsewhere, and where the input comes from Kafka (its offsets already give exactly once)
+    # elsewhere, and where the input comes from Kafka (its offsets already give exactly
+    # once); receivers whose pipelines store into one: that exporter (resent requests)
     store: Store | None = None
 
     def __post_init__(self) -> None:

@@ -38,15 +38,27 @@ def merge(batches: list[Batch]) -> Batch:
         return first
     if isinstance(first, SpanBatch):
         return SpanBatch([s for b in batches for s in b.spans],  # type: ignore[union-attr]
-                         sources=[x for b in batches for x in b.sources])  # type: ignore[union-attr]
+                         sources=[x for b in batches for x in b.sources],  # type: ignore[union-attr]
+                         requests=_requests(batches))
     if isinstance(first, ProfileBatch):
         stacks: dict[int, Stack] = {}
         for b in batches:
             stacks.update(b.stacks)  # type: ignore[union-attr]
         return ProfileBatch([s for b in batches for s in b.samples], stacks,  # type: ignore[union-attr]
-                            sources=[x for b in batches for x in b.sources])  # type: ignore[union-attr]
+                            sources=[x for b in batches for x in b.sources],  # type: ignore[union-attr]
+                            requests=_requests(batches))
     return AttributionBatch([a for b in batches for a in b.attributions],  # type: ignore[union-attr]
                             [u for b in batches for u in b.unattributed])  # type: ignore[union-attr]
+
+
+def _requests(batches: list[Batch]) -> list[tuple[int, int]]:
+    """The merged batch's request runs, in order (0: a batch that names none)."""
+    if not any(getattr(b, "requests", None) for b in batches):
+        return []
+    out: list[tuple[int, int]] = []
+    for b in batches:
+        out.extend(getattr(b, "requests", None) or [(0, len(b))])
+    return out
 
 
 class BatchProcessor:

@@ -39,7 +39,7 @@ from aiohttp.streams import StreamReader
 from aiohttp.web_protocol import RequestHandler
 
 from pipeline.errors import ConfigError, InvalidData, TooLarge
-from pipeline.receivers.idempotency import RecentRequests, request_key
+from pipeline.receivers.idempotency import RecentRequests, preload_recent, request_key
 from pipeline.receivers.limits import gunzip_limited
 from pipeline.registry import Context
 
@@ -395,8 +395,9 @@ class HttpReceiver:
         """Hand ``batch`` on unless the same request (``key_parts``: what identifies it,
         e.g. its path and body) is being delivered or was delivered lately; see
         ``pipeline/receivers/idempotency.py``."""
-        if await self.recent.deliver(request_key(*key_parts),
-                                     lambda: self.ctx.next[signal].consume(batch)):
+        key = request_key(*key_parts)
+        batch.requests = [(key, len(batch))]  # stored with the rows (a restart knows it)
+        if await self.recent.deliver(key, lambda: self.ctx.next[signal].consume(batch)):
             self.metrics["duplicate_requests"] += 1
 
     def __repr__(self) -> str:
@@ -406,6 +407,7 @@ class HttpReceiver:
         raise NotImplementedError
 
     async def start(self) -> None:
+        await preload_recent(self.recent, self.ctx, self.log)
         app = app_for(self.cfg.max_decompressed_bytes)
         self.routes(app)
         self._runner, self.port = await serve(

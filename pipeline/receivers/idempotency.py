@@ -20,8 +20,12 @@ body as received) and:
 
 Identical bodies are duplicates by construction: spans carry their ids, and two profile
 requests with the same samples, stacks and times are one profile sent twice. The window is
-one process's memory: a resend that reaches another gateway is not recognised (the raw
-tables still collapse repeated spans; samples would count twice).
+one process's memory, plus what the store says: each row carries its request's id
+(``request``), and a receiver whose pipeline ends in a ``clickhouse`` exporter reads the ids
+stored in the last ``RECENT_S`` when it starts, so that a request stored but not yet
+acknowledged when the process was killed, and resent to the restarted one, is answered
+without being stored again. A resend that reaches another gateway of the Kafka tier is not
+recognised (the raw tables still collapse repeated spans; samples would count twice).
 """
 
 from __future__ import annotations
@@ -31,20 +35,37 @@ import hashlib
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 RECENT_S = 600.0  # how long a delivered request is remembered (clients give up well before)
 RECENT_MAX = 100_000  # at most this many remembered (oldest forgotten first)
 
 
-def request_key(*parts: bytes | str) -> bytes:
-    """A 128-bit digest of the parts (each length-prefixed, so that parts cannot run into
-    each other)."""
-    h = hashlib.blake2b(digest_size=16)
+def request_key(*parts: bytes | str) -> int:
+    """A 64-bit id of the request, from a digest of the parts (each length-prefixed, so
+    that parts cannot run into each other); never 0, which means "not known" in the
+    tables. Two different requests among the 100 000 remembered share an id with a
+    probability of about 3e-10."""
+    h = hashlib.blake2b(digest_size=8)
     for part in parts:
         data = part.encode("utf-8", "surrogatepass") if isinstance(part, str) else part
         h.update(len(data).to_bytes(8, "little"))
         h.update(data)
-    return h.digest()
+    return int.from_bytes(h.digest(), "little") or 1
+
+
+async def stored_request_ids(store: Any, seconds: float = RECENT_S,
+                             limit: int = RECENT_MAX) -> list[int]:
+    """The ids of the requests whose rows were stored in the last ``seconds`` (the
+    ``request`` column of ``otel_traces`` and ``profile_samples``): what a receiver that
+    just started has stored without, perhaps, having acknowledged it."""
+    db = store.database
+    recent = f"ingested_at >= now() - {int(seconds)} AND request != 0"
+    _, rows = await store.query(
+        f"SELECT request FROM (SELECT DISTINCT request FROM {db}.otel_traces WHERE {recent} "
+        f"UNION DISTINCT SELECT DISTINCT request FROM {db}.profile_samples WHERE {recent}) "
+        f"LIMIT {int(limit)}")
+    return [int(r[0]) for r in rows]
 
 
 class RecentRequests:
@@ -55,8 +76,8 @@ class RecentRequests:
         self.recent_s = recent_s
         self.max_entries = max_entries
         self.clock = clock
-        self._inflight: dict[bytes, asyncio.Task[None]] = {}
-        self._done: OrderedDict[bytes, float] = OrderedDict()  # key -> when delivered
+        self._inflight: dict[int, asyncio.Task[None]] = {}
+        self._done: OrderedDict[int, float] = OrderedDict()  # key -> when delivered
         self.duplicates = 0
 
     def __repr__(self) -> str:
@@ -69,7 +90,15 @@ class RecentRequests:
                         or next(iter(done.values())) + self.recent_s < now):
             done.popitem(last=False)
 
-    async def deliver(self, key: bytes, deliver: Callable[[], Awaitable[None]]) -> bool:
+    def preload(self, keys: list[int]) -> None:
+        """Requests already stored (by an earlier run of this process: its rows say so),
+        remembered as delivered now."""
+        now = self.clock()
+        for key in keys:
+            self._done[key] = now
+        self._forget_old(now)
+
+    async def deliver(self, key: int, deliver: Callable[[], Awaitable[None]]) -> bool:
         """Deliver once per key; True when this call was a duplicate (nothing delivered by
         it). Raises what the delivery raised, to the first caller and to resends alike."""
         self._forget_old(self.clock())
@@ -86,7 +115,7 @@ class RecentRequests:
         await asyncio.shield(task)
         return False
 
-    async def _run(self, key: bytes, deliver: Callable[[], Awaitable[None]]) -> None:
+    async def _run(self, key: int, deliver: Callable[[], Awaitable[None]]) -> None:
         try:
             await deliver()
             self._done[key] = self.clock()
@@ -101,3 +130,20 @@ class RecentRequests:
 def _retrieve(task: asyncio.Task[None]) -> None:
     if not task.cancelled():
         task.exception()
+
+
+async def preload_recent(recent: RecentRequests, ctx: Any, log: Any) -> None:
+    """At a receiver's start: remember the requests its store holds from the last minutes
+    (``ctx.store``, given by the graph when the receiver's pipelines end in a
+    ``clickhouse`` exporter). A store that cannot be read is logged: resends are then
+    recognised from this run on only."""
+    store = getattr(ctx, "store", None)
+    if store is None:
+        return
+    try:
+        ids = await stored_request_ids(store)
+    except Exception as err:
+        log.warning("recent_requests_unreadable", error=str(err)[:300])
+        return
+    recent.preload(ids)
+    log.info("recent_requests_loaded", requests=len(ids))

@@ -58,7 +58,7 @@ from pipeline.errors import ConfigError, InvalidData, Retryable, TooLarge
 from pipeline.otlp.bounds import RecordsLimit
 from pipeline.otlp.profiles import decode_profiles
 from pipeline.otlp.traces import decode_traces
-from pipeline.receivers.idempotency import RecentRequests, request_key
+from pipeline.receivers.idempotency import RecentRequests, preload_recent, request_key
 from pipeline.receivers.limits import check_items, count_items
 from pipeline.registry import Context
 
@@ -133,6 +133,7 @@ class GrpcServer:
         return f"<GrpcServer {self.ctx.id} port={self.port} {dict(self.metrics)}>"
 
     async def start(self) -> None:
+        await preload_recent(self.recent, self.ctx, self.log)
         g = self.cfg
         size = g.max_recv_msg_size_mib * 1024 * 1024
         self.server = grpc.aio.server(options=[
@@ -161,7 +162,8 @@ class GrpcServer:
         self.log.info("otlp_grpc_listening", endpoint=g.endpoint, port=self.port)
 
     async def _deliver(self, signal: str, batch: Any, context: grpc.aio.ServicerContext,
-                       key: bytes) -> None:
+                       key: int) -> None:
+        batch.requests = [(key, len(batch))]  # stored with the rows (a restart knows it)
         try:
             # a resent request (its first attempt still on its way, or stored already) is
             # delivered once: pipeline/receivers/idempotency.py

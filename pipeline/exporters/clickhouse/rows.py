@@ -15,10 +15,11 @@ TRACES_COLUMNS = [
     "ServiceName", "ResourceAttributes", "ScopeName", "ScopeVersion", "SpanAttributes",
     "Duration", "StatusCode", "StatusMessage", "Events.Timestamp", "Events.Name",
     "Events.Attributes", "Links.TraceId", "Links.SpanId", "Links.TraceState", "Links.Attributes",
+    "request",
 ]
 SAMPLES_COLUMNS = ["time", "service", "trace_id", "span_id", "stack_id", "measure",
                    "sample_type", "unit", "value", "count", "thread_id", "thread_name",
-                   "span_name", "pid", "host", "timed"]
+                   "span_name", "pid", "host", "timed", "request"]
 STACKS_COLUMNS = ["stack_id", "functions", "files", "lines"]
 ATTRIBUTION_COLUMNS = ["trace_id", "span_id", "method", "source", "service", "name",
                        "parent_span_id", "start_time", "duration_ns", "span_known", "cpu_ns",
@@ -38,6 +39,16 @@ COLUMNS = {
     "span_stacks": SPAN_STACKS_COLUMNS,
     "unattributed_cpu": UNATTRIBUTED_COLUMNS,
 }
+
+
+def _request_ids(runs: list[tuple[int, int]], n: int) -> list[object]:
+    """One request id per row, from the batch's runs (0 where the batch names none)."""
+    if not runs:
+        return [0] * n
+    out: list[object] = []
+    for rid, count in runs:
+        out.extend([rid] * count)
+    return out if len(out) == n else [0] * n  # runs that do not add up are not trusted
 
 
 def _kind(k: int) -> str:
@@ -73,6 +84,7 @@ def traces(batch: SpanBatch) -> dict[str, Columns]:
         "Links.SpanId": [[lk.span_id.hex() for lk in s.links] for s in spans],
         "Links.TraceState": [[lk.trace_state for lk in s.links] for s in spans],
         "Links.Attributes": [[lk.attributes for lk in s.links] for s in spans],
+        "request": _request_ids(batch.requests, len(spans)),
     }
     return {"otel_traces": cols}
 
@@ -97,6 +109,7 @@ def profiles(batch: ProfileBatch, skip_stacks: set[int] | frozenset[int] = froze
         "pid": [s.pid for s in ss],
         "host": [s.host for s in ss],
         "timed": [int(s.timed) for s in ss],
+        "request": _request_ids(batch.requests, len(ss)),
     }}
     stacks = [st for sid, st in batch.stacks.items() if sid not in skip_stacks]
     if stacks:
