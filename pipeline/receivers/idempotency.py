@@ -79,6 +79,7 @@ class RecentRequests:
         self._inflight: dict[int, asyncio.Task[None]] = {}
         self._done: OrderedDict[int, float] = OrderedDict()  # key -> when delivered
         self.duplicates = 0
+        self.loaded = False  # the store's recent ids read (once per instance)
 
     def __repr__(self) -> str:
         return (f"<RecentRequests inflight={len(self._inflight)} done={len(self._done)} "
@@ -138,8 +139,9 @@ async def preload_recent(recent: RecentRequests, ctx: Any, log: Any) -> None:
     ``clickhouse`` exporter). A store that cannot be read is logged: resends are then
     recognised from this run on only."""
     store = getattr(ctx, "store", None)
-    if store is None:
-        return
+    if store is None or recent.loaded:
+        return  # no store, or read already by a server sharing ``recent``
+    recent.loaded = True
     try:
         ids = await stored_request_ids(store)
     except Exception as err:

@@ -82,6 +82,9 @@ class OtlpReceiver:
         g, h = cfg.protocols.enabled()
         self.grpc = GrpcServer(g, ctx) if g is not None else None
         self.http = HttpServer(h, ctx) if h is not None else None
+        if self.grpc is not None and self.http is not None:
+            # one memory of delivered requests: the store's recent ids are read once
+            self.http.recent = self.grpc.recent
         self.ctx = ctx
 
     def __repr__(self) -> str:
