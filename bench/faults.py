@@ -102,7 +102,8 @@ def send(target: str, method: str, body: bytes, tally: Tally, stop: threading.Ev
          deadline_s: float = 600.0) -> bytes | None:
     """Send until acknowledged (retrying what the server says is retryable, and
     connection failures while it restarts); the response, or None if given up."""
-    t_end = time.monotonic() + deadline_s
+    started = time.monotonic()
+    t_end = started + deadline_s
     while time.monotonic() < t_end:
         with grpc.insecure_channel(target) as ch:
             call = ch.unary_unary(method, request_serializer=None, response_deserializer=None)
@@ -121,7 +122,7 @@ def send(target: str, method: str, body: bytes, tally: Tally, stop: threading.Ev
                 if code not in RETRYABLE:
                     raise
                 delay = retry_delay(err)
-        if stop.is_set() and time.monotonic() > t_end - deadline_s + 120:
+        if stop.is_set() and time.monotonic() - started > 120:  # draining: not for ever
             break
         time.sleep(min(delay, 5.0))
     tally.gave_up += 1
