@@ -112,6 +112,9 @@ class AdminServer:
                 base, _, table = name.partition(".")
                 labels = f'{kind}="{cid}"' + (f',table="{table}"' if table else "")
                 lines.append(f"spanprof_{kind}_{base}_total{{{labels}}} {value}")
+            for gauge in ("entries", "bytes"):  # what a correlator holds, and its bound
+                if isinstance(held := getattr(state, gauge, None), int):
+                    lines.append(f'spanprof_{kind}_state_{gauge}{{{kind}="{cid}"}} {held}')
         for name, value in sorted(self.guard_metrics.items()):  # this listener's own
             lines.append(f"spanprof_admin_{name}_total {value}")
         return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")

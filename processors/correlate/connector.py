@@ -9,6 +9,7 @@ pipelines and the receiver of an ``attributions`` pipeline::
         orphan_timeout: 60s   # report samples of never-seen spans after this
         late_window: 10m      # samples this late for a reported span still flush fast
         max_entries: 200000   # held spans + sample groups; beyond: report oldest early
+        max_state_mib: 512    # estimated memory of what is held; beyond: the same
         flush_interval: 1s
         checkpoint_interval: 5s  # how often the checkpoint of held input is written
         recover: true         # on start, reconcile what a crash lost (recovery.py)
@@ -64,6 +65,7 @@ class Config(msgspec.Struct, forbid_unknown_fields=True):
     orphan_timeout: Duration = Duration(60.0)
     late_window: Duration = Duration(600.0)
     max_entries: PositiveInt = 200_000
+    max_state_mib: PositiveInt = 512
     flush_interval: Duration = Duration(1.0)
     checkpoint_interval: Duration = Duration(5.0)
     recover: bool = True
@@ -83,7 +85,8 @@ class SpanCorrelator:
         self.log = ctx.log
         self.clock = clock
         self.state = CorrelatorState(grace=cfg.grace, orphan_timeout=cfg.orphan_timeout,
-                                     late_window=cfg.late_window, max_entries=cfg.max_entries)
+                                     late_window=cfg.late_window, max_entries=cfg.max_entries,
+                                     max_bytes=cfg.max_state_mib << 20)
         self._outbox: list[AttributionBatch] = []
         # Kafka tier: spans of this worker's partitions, for the rows of later samples
         self._seen_spans: SpanLookup = {}
@@ -142,7 +145,9 @@ class SpanCorrelator:
                     self._outbox.append(piece)
             if self.state.stats.evicted != evicted_before:
                 self.log.warning("correlator_evicted", evicted_total=self.state.stats.evicted,
-                                 max_entries=self.cfg.max_entries)
+                                 max_entries=self.cfg.max_entries,
+                                 max_state_mib=self.cfg.max_state_mib,
+                                 state_mib=round(self.state.bytes / (1 << 20), 1))
             nxt = self.ctx.next["attributions"]
             while self._outbox:
                 try:

@@ -73,7 +73,7 @@ def expected(spans: list[Span], samples: list[Sample], stacks: dict[int, Stack]
              ) -> list[Attribution]:
     """The rows a correlator that had held all of this input would have reported."""
     state = CorrelatorState(grace=0.0, orphan_timeout=0.0, late_window=0.0,
-                            max_entries=1 << 62)
+                            max_entries=1 << 62, max_bytes=1 << 62)
     state.add_spans(spans, 0.0)
     state.add_samples(ProfileBatch(samples, stacks), 0.0)
     return state.take_due(0.0, force=True).attributions

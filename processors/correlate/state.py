@@ -34,8 +34,15 @@ Every report is a *delta* row and a span's totals are the sum of its rows, so a 
 adds to the span rather than replacing or vanishing, and CPU is conserved: what comes in is
 reported on a span or as unattributed, exactly once. Rows carry self CPU (``cpu_ns``) and
 inclusive CPU (self plus the descendants in the same service, ``inclusive_cpu_ns``): a sample
-placed in a span adds to the inclusive CPU of its known ancestors too. Memory is bounded by
-``max_entries``: beyond it the oldest entries are reported early, counted in ``evicted``.
+placed in a span adds to the inclusive CPU of its known ancestors too.
+
+Memory is bounded twice: by ``max_entries`` (held spans, sample groups and timed samples)
+and by ``max_bytes``, an estimate kept as entries come and go (``bytes``: a known span with
+its strings and its seconds in the time index, an accumulator and each function or stack
+it holds, a held sample; the sizes are CPython's, checked against tracemalloc in
+tests/processors/test_state_memory.py). Beyond either, markers of reported spans are
+dropped first (that loses no data), then the oldest entries are reported early, counted in
+``evicted``: their CPU is reported, never dropped.
 """
 
 from __future__ import annotations
@@ -64,6 +71,15 @@ UNKNOWN_FRAME = "[unknown]"
 LINK, LINK_TIME, THREAD, WINDOW = "link", "link+time", "thread", "window"
 EXACT_METHODS = (LINK, LINK_TIME)
 
+# Estimated sizes, in bytes (CPython 3.11 on 64 bits; tests/processors/test_state_memory.py
+# holds the total within a factor of 1.5 of what tracemalloc measures)
+SPAN_BYTES = 460  # a known span: _SpanInfo, trees, trace_of, emitted entries (+ its strings)
+SLOT_BYTES = 40  # one second of a span in the time index (``slots``)
+ACC_BYTES = 250  # an accumulator (held span, orphan, late entry), without methods
+ITEM_BYTES = 40  # one function or stack entry of an accumulator
+METHOD_ITEMS = 19  # a method's entry in an accumulator (``_M``), counted in items
+SAMPLE_BYTES = 350  # a timed sample held for grace
+
 
 class _M:
     """What one method contributed to one span since it was last reported."""
@@ -91,6 +107,21 @@ class _Acc:
         self.by: dict[str, _M] = {}
         self.since = since
         self.service = service
+
+    def items(self) -> int:
+        """Size in ``ITEM_BYTES``: methods and their function and stack entries."""
+        return sum(METHOD_ITEMS + len(m.self_cpu) + len(m.self_wall) + len(m.stack_cpu)
+                   + len(m.stack_wall) for m in self.by.values())
+
+    def add(self, method: str, measure: str, value: int, count: int, leaf: str | None,
+            stack: int = 0) -> int:
+        """Add a sample under ``method``; how many items (``items``) that created."""
+        m = self.by.get(method)
+        new = 0
+        if m is None:
+            m = self.by[method] = _M()
+            new = METHOD_ITEMS
+        return new + _add(m, measure, value, count, leaf, stack)
 
     def m(self, method: str) -> _M:
         got = self.by.get(method)
@@ -210,7 +241,7 @@ class Stats:
     rows_out: int = 0
     orphans_reported: int = 0
     late_reported: int = 0
-    evicted: int = 0  # entries reported before their window because of max_entries
+    evicted: int = 0  # entries reported before their window: max_entries or max_bytes
 
 
 def _leaf(batch: ProfileBatch, smp: Sample) -> str:
@@ -229,6 +260,7 @@ class CorrelatorState:
     orphan_timeout: float = 60.0
     late_window: float = 600.0
     max_entries: int = 200_000
+    max_bytes: int = 512 << 20
     spans: dict[Key, _Pending] = field(default_factory=dict)
     orphans: dict[Key, _Orphan] = field(default_factory=dict)
     emitted: OrderedDict[Key, tuple[float, _SpanInfo]] = field(default_factory=OrderedDict)
@@ -245,6 +277,8 @@ class CorrelatorState:
     stats: Stats = field(default_factory=Stats)
     _evicted: list[tuple[Key, _SpanInfo | None, _Acc]] = field(default_factory=list)
     _orphan_timed: int = 0  # timed samples held inside orphans
+    _span_bytes: int = 0  # estimated size of the known spans (``_know`` / ``_forget``)
+    _items: int = 0  # function and stack entries in the accumulators held
 
     def __repr__(self) -> str:
         return (f"<CorrelatorState spans={len(self.spans)} orphans={len(self.orphans)} "
@@ -256,6 +290,16 @@ class CorrelatorState:
         """Entries held for their window (what ``max_entries`` bounds)."""
         return (len(self.spans) + len(self.orphans) + len(self.late) + len(self.held)
                 + self._orphan_timed)
+
+    @property
+    def bytes(self) -> int:
+        """Estimated memory held (what ``max_bytes`` bounds)."""
+        accs = len(self.spans) + len(self.orphans) + len(self.late) + len(self.unattributed)
+        return (self._span_bytes + ACC_BYTES * accs + ITEM_BYTES * self._items
+                + SAMPLE_BYTES * (len(self.held) + self._orphan_timed))
+
+    def _over(self) -> bool:
+        return self.entries > self.max_entries or self.bytes > self.max_bytes
 
     def oldest_held(self) -> float | None:
         """A lower bound on the arrival (clock of ``now``) of the input held unreported, or
@@ -295,7 +339,9 @@ class CorrelatorState:
                 if orphan is None:
                     orphan = span_only
                 else:
+                    before = orphan.acc.items() + span_only.acc.items()
                     orphan.acc.merge(span_only.acc)
+                    self._items += orphan.acc.items() - before
                     orphan.timed.extend(span_only.timed)
                 orphan.timed = [(msgspec.structs.replace(x, trace_id=s.trace_id), leaf)
                                 for x, leaf in orphan.timed]
@@ -344,6 +390,7 @@ class CorrelatorState:
         tree.add(key[1], info)
         first = info.start_ns // SLOT_NS
         last = min(max(first, (info.end_ns - 1) // SLOT_NS), first + MAX_SLOTS - 1)
+        self._span_bytes += _span_cost(info, last - first + 1)
         for slot in range(first, last + 1):
             self.slots.setdefault((info.service, slot), {})[key] = None
 
@@ -357,6 +404,7 @@ class CorrelatorState:
                 del self.trees[key[0]]
         first = info.start_ns // SLOT_NS
         last = min(max(first, (info.end_ns - 1) // SLOT_NS), first + MAX_SLOTS - 1)
+        self._span_bytes -= _span_cost(info, last - first + 1)
         for slot in range(first, last + 1):
             keys = self.slots.get((info.service, slot))
             if keys is not None:
@@ -387,7 +435,7 @@ class CorrelatorState:
         service (inclusive)."""
         acc = self._acc_of(key, now)
         assert acc is not None
-        _add(acc.m(method), smp.measure, value, count, leaf, smp.stack_id)
+        self._items += acc.add(method, smp.measure, value, count, leaf, smp.stack_id)
         if smp.measure != "cpu":
             return
         tree = self.trees.get(key[0])
@@ -402,7 +450,9 @@ class CorrelatorState:
             pacc = self._acc_of((key[0], parent_id), now)
             if pacc is None:
                 break
+            methods = len(pacc.by)
             pacc.m(method).incl_cpu += value
+            self._items += METHOD_ITEMS * (len(pacc.by) - methods)
             info = parent
 
     def _add_linked(self, smp: Sample, leaf: str, now: float) -> None:
@@ -414,7 +464,8 @@ class CorrelatorState:
         orphan = self.orphans.get(key)
         if orphan is None:
             orphan = self.orphans[key] = _Orphan(_Acc(now, smp.service))
-        _add(orphan.acc.m(LINK), smp.measure, smp.value, smp.count, leaf, smp.stack_id)
+        self._items += orphan.acc.add(LINK, smp.measure, smp.value, smp.count, leaf,
+                                      smp.stack_id)
 
     def _skew_of(self, smp: Sample) -> int:
         sk = self.skews.get((smp.service, smp.pid, smp.host))
@@ -494,6 +545,7 @@ class CorrelatorState:
         """Take an orphan out for reporting: its span never came (or memory is short), so
         its timed samples go on the label as they are."""
         orphan = self.orphans.pop(key)
+        self._items -= orphan.acc.items()
         for smp, leaf in orphan.timed:
             _add(orphan.acc.m(LINK), smp.measure, smp.value, smp.count, leaf, smp.stack_id)
         self._orphan_timed -= len(orphan.timed)
@@ -502,8 +554,7 @@ class CorrelatorState:
     def _place_held(self, now: float, force: bool) -> None:
         held = self.held
         due: list[tuple[Sample, str]] = []
-        while held and (force or held[0][0] + self.grace <= now
-                        or self.entries > self.max_entries):
+        while held and (force or held[0][0] + self.grace <= now or self._over()):
             _, smp, leaf = held.popleft()
             due.append((smp, leaf))
         # first learn the clock skew from the labelled ones, then place them all
@@ -535,9 +586,11 @@ class CorrelatorState:
 
         for key in [k for k, p in self.spans.items() if force or p.ready_at <= now]:
             p = self.spans.pop(key)
+            self._items -= p.acc.items()
             rows.extend(_rows(key, p.info, p.acc))
             self.emitted[key] = (now + self.late_window, p.info)
         for key, late in self.late.items():
+            self._items -= late.acc.items()
             rows.extend(_rows(key, late.info, late.acc))
             self.stats.late_reported += 1
         self.late.clear()
@@ -563,14 +616,16 @@ class CorrelatorState:
         return AttributionBatch(rows, unattributed)
 
     def _bound(self, now: float) -> None:
-        """Keep held entries within ``max_entries`` by reporting the oldest ones early."""
-        if self.held and self.entries > self.max_entries:
+        """Keep held entries within ``max_entries`` and ``max_bytes`` by reporting the
+        oldest ones early."""
+        if self.held and self._over():
             self._place_held(now, force=False)  # places the oldest held samples first
-        while len(self.emitted) and self.entries + len(self.emitted) > self.max_entries:
+        while len(self.emitted) and (self.entries + len(self.emitted) > self.max_entries
+                                     or self.bytes > self.max_bytes):
             key, (_, info) = self.emitted.popitem(last=False)  # losing a marker loses no data
             if key not in self.spans:
                 self._forget(key, info)
-        while self.entries > self.max_entries:
+        while self._over():
             # the oldest held entry of the three kinds is reported first
             heads: list[tuple[float, str, Key]] = []
             for kind, table in (("span", self.spans), ("late", self.late)):
@@ -587,9 +642,11 @@ class CorrelatorState:
                 self._evicted.append((key, None, self._pop_orphan(key)))
             else:
                 p = (self.spans if kind == "span" else self.late).pop(key)
+                self._items -= p.acc.items()
                 self._evicted.append((key, p.info, p.acc))
-                self.emitted[key] = (now + self.late_window, p.info)
-                self.emitted.move_to_end(key)
+                if kind == "span" or key in self.emitted:  # a late entry's marker may be gone
+                    self.emitted[key] = (now + self.late_window, p.info)
+                    self.emitted.move_to_end(key)
             self.stats.evicted += 1
 
 
@@ -616,19 +673,39 @@ def _deepest(tree: _Tree, span_id: bytes, info: _SpanInfo, t: int, thread: int) 
 
 
 def _add(m: _M, measure: str, value: int, count: int, leaf: str | None,
-         stack: int = 0) -> None:
+         stack: int = 0) -> int:
+    """Add a sample to ``m``; how many function and stack entries that created."""
     if measure == "cpu":
         m.cpu_ns += value
         m.incl_cpu += value
         m.count += count
-        if leaf is not None:
-            m.self_cpu[leaf] = m.self_cpu.get(leaf, 0) + value
-            m.stack_cpu[stack] = m.stack_cpu.get(stack, 0) + value
+        if leaf is None:
+            return 0
+        fns, stacks = m.self_cpu, m.stack_cpu
     else:
         m.wall_ns += value
-        if leaf is not None:
-            m.self_wall[leaf] = m.self_wall.get(leaf, 0) + value
-            m.stack_wall[stack] = m.stack_wall.get(stack, 0) + value
+        if leaf is None:
+            return 0
+        fns, stacks = m.self_wall, m.stack_wall
+    new = 0
+    got = fns.get(leaf)
+    if got is None:
+        fns[leaf] = value
+        new += 1
+    else:
+        fns[leaf] = got + value
+    got = stacks.get(stack)
+    if got is None:
+        stacks[stack] = value
+        new += 1
+    else:
+        stacks[stack] = got + value
+    return new
+
+
+def _span_cost(info: _SpanInfo, slots: int) -> int:
+    return (SPAN_BYTES + SLOT_BYTES * slots + len(info.name) + len(info.service)
+            + len(info.host))
 
 
 def random_source() -> int:

@@ -96,7 +96,8 @@ class TestChart:
                             "topics": {"spans": "s1", "profiles": "p1"}},
                   "clickhouse": {"endpoint": "https://ch.example:8443", "cluster": "prod",
                                  "passwordSecret": {"name": "ch-secret", "key": "pw"}},
-                  "gateway": {"otlp": {"httpPort": 0}, "pyroscopePort": 0},
+                  "gateway": {"otlp": {"httpPort": 0}, "pyroscopePort": 0,
+                              "memoryLimiter": {"limitPercentage": 70}},
                   "correlator": {"groupId": "g1", "grace": "3s", "replicas": 4}}
         docs = render(helm, tmp_path, values)
         gw = load_text(pipeline_text(docs, "gateway"), env={})
@@ -105,6 +106,8 @@ class TestChart:
         assert kafka_out.partitioner == "sarama_compat"  # type: ignore[attr-defined]
         assert kafka_out.traces.topic == "s1"  # type: ignore[attr-defined]
         assert "pyroscope" not in gw.receivers
+        assert gw.processors["memory_limiter"].limit_percentage == 70  # type: ignore[attr-defined]
+        assert gw.service.pipelines["traces"].processors == ["memory_limiter"]
         assert not gw.receivers["otlp"].protocols.http  # type: ignore[attr-defined]
         assert [p["name"] for p in docs[("Service", "gateway")]["spec"]["ports"]] == [
             "otlp-grpc"]

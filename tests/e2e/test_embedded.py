@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 import time
+import urllib.request
 from collections import defaultdict
 from typing import Any
 
@@ -187,6 +188,12 @@ class TestEmbeddedPipeline:
         resp = profiles_stub(channel).Export(b.build(), timeout=10)
         assert resp.partial_success.rejected_profiles == 1
         assert "stack_index 999 out of range" in resp.partial_success.error_message
+        # the good sample waits in the correlator for its span: the gauges say so
+        with urllib.request.urlopen(spanprof.admin + "/metrics", timeout=10) as got:
+            held = dict(line.rsplit(" ", 1) for line in got.read().decode().splitlines()
+                        if "_state_" in line)
+        assert held['spanprof_connector_state_entries{connector="spancorrelator"}'] == "1"
+        assert int(held['spanprof_connector_state_bytes{connector="spancorrelator"}']) > 500
         traces_raw = channel.unary_unary(
             "/opentelemetry.proto.collector.trace.v1.TraceService/Export",
             request_serializer=None, response_deserializer=None)
