@@ -216,7 +216,7 @@ class SpanCorrelator:
             self.log.info("correlator_recovered", traces=res.traces, rows=res.rows,
                           cpu_ns=res.cpu_ns, seconds=round(time.monotonic() - t0, 3),
                           held_since=since, traces_skipped=res.skipped_traces,
-                          unlabelled_samples_not_recovered=res.unlabelled_samples)
+                          services=res.services, services_skipped=res.skipped_services)
         await self.checkpoint(time.time())
 
     async def shutdown(self) -> None:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from pipeline.records import Attribution, ProfileBatch, Sample, Span, Stack
-from processors.correlate.recovery import Stored, deltas, expected
-from processors.correlate.state import CorrelatorState
+from processors.correlate.recovery import APPROX_METHODS, UNATTRIBUTED, Stored, deltas, expected
+from processors.correlate.state import MINUTE_NS, CorrelatorState
 
 T, S1, S2 = b"t" * 16, b"a" * 8, b"b" * 8
 
@@ -98,3 +98,38 @@ class TestDeltas:
                         {1: Stack(1, ["leaf"], [], [])})
         got = {(r.span_id, r.method): r.cpu_ns for r in rows if r.cpu_ns}
         assert got == {(S2, "link+time"): 7, (S1, "link"): 3}
+
+
+class TestUnlabelled:
+    """Unlabelled samples are reconciled per service: the cap is the service's, and a
+    minute's unattributed CPU is a key like a span's."""
+
+    def test_expected_gives_thread_rows_and_unattributed_minutes(self) -> None:
+        spans = [Span(T, S1, b"", "op", 0, "svc", 0, 100, attributes={"thread.id": "7"}),
+                 Span(T, S2, b"", "op", 0, "svc", 0, 100, attributes={"thread.id": "8"})]
+        on7 = Sample(b"", b"", "svc", 50, 1, "cpu", 5, 1, "cpu", "ns", thread_id=7,
+                     timed=True)
+        idle = Sample(b"", b"", "svc", MINUTE_NS + 5, 1, "cpu", 9, 1, "cpu", "ns")
+        rows = expected(spans, [on7, idle], {1: Stack(1, ["leaf"], [], [])})
+        got = {(r.span_id, r.method): r.cpu_ns for r in rows if r.method in APPROX_METHODS}
+        assert got == {(S1, "thread"): 5, (MINUTE_NS.to_bytes(8, "big"), UNATTRIBUTED): 9}
+
+    def test_placed_in_another_trace_is_capped_by_the_service(self) -> None:
+        """The live correlator put 30 on a span of another trace (or in the unattributed
+        minute); the replay puts it on S1: per service, nothing is added."""
+        other = b"o" * 16
+        minute = (b"", (0).to_bytes(8, "big"), UNATTRIBUTED)
+        for stored in (Stored(rows={(other, S2, "thread"): [30, 0, 1, 30, 1]}),
+                       Stored(rows={minute: [30, 0, 1, 0, 0]})):
+            out = deltas([_row(S1, "thread", 30)], stored, APPROX_METHODS, per_trace=False)
+            assert sum(r.cpu_ns for r in out) == 0
+            # per trace, as for exact methods, it would have been counted twice
+            assert sum(r.cpu_ns for r in deltas([_row(S1, "thread", 30)], stored,
+                                                APPROX_METHODS)) == 30
+
+    def test_a_lost_minute_is_written_once(self) -> None:
+        minute = Attribution(b"", (0).to_bytes(8, "big"), UNATTRIBUTED, "svc", "", b"", 0, 0,
+                             False, 40, 0, 2, {}, {})
+        stored = Stored(rows={(b"", (0).to_bytes(8, "big"), UNATTRIBUTED): [15, 0, 1, 0, 0]})
+        out = deltas([minute], stored, APPROX_METHODS, per_trace=False)
+        assert [(r.cpu_ns, r.sample_count) for r in out] == [(25, 1)]
