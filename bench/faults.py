@@ -62,6 +62,8 @@ class Tally:
     lock: threading.Lock = field(default_factory=threading.Lock)
     spans: dict[tuple[bytes, bytes], int] = field(default_factory=dict)  # acked -> cpu
     samples: dict[tuple[bytes, bytes], int] = field(default_factory=dict)
+    unlabelled: int = 0  # acknowledged samples without a span (unattributed CPU)
+    unlabelled_cpu: int = 0
     refused: dict[str, int] = field(default_factory=dict)
     worst_call: float = 0.0
     worst_call_at: str = ""
@@ -108,16 +110,18 @@ def send(target: str, method: str, body: bytes, tally: Tally, stop: threading.Ev
         with grpc.insecure_channel(target) as ch:
             call = ch.unary_unary(method, request_serializer=None, response_deserializer=None)
             t0 = time.monotonic()
+            where = (f"{Phase.name}: {method.split('.')[-1]} sent at "
+                     f"{time.strftime('%H:%M:%S', time.gmtime())}")
             try:
                 resp: bytes = call(body, timeout=30)
-                tally.call(time.monotonic() - t0, Phase.name)
+                tally.call(time.monotonic() - t0, where)
                 return resp
             except grpc.RpcError as err:
                 took = time.monotonic() - t0
                 code = err.code()
                 # a refused connection (process down) is not a stall of the server's making
                 if "connect" not in (err.details() or "").lower():
-                    tally.call(took, Phase.name)
+                    tally.call(took, f"{where}, {code.name}")
                 tally.refuse(code.name)
                 if code not in RETRYABLE:
                     raise
@@ -153,6 +157,8 @@ def good_client(n: int, target: str, tally: Tally, stop: threading.Event,
             values[(tid, sid)] = value
             b.sample([f"fn{j % 13}", "handler", "main"], value, tid, sid, service=SERVICE,
                      time_unix_nano=now - 40_000_000)
+        idle = 1_000_000 + (n * 7_919 + i) % 100_000  # and one without a span
+        b.sample(["idle", "main"], idle, service=SERVICE, time_unix_nano=now - 40_000_000)
         if send(target, TRACE, req.SerializeToString(), tally, stop) is not None:
             with tally.lock:
                 tally.spans.update(dict.fromkeys(keys, 0))
@@ -162,6 +168,8 @@ def good_client(n: int, target: str, tally: Tally, stop: threading.Event,
             assert not r.partial_success.rejected_profiles, r
             with tally.lock:
                 tally.samples.update(values)
+                tally.unlabelled += 1
+                tally.unlabelled_cpu += idle
         time.sleep(0.05)
 
 
@@ -252,6 +260,7 @@ def main() -> None:
     ap.add_argument("--disk-full", type=float, default=30.0)
     ap.add_argument("--down", type=float, default=60.0)
     ap.add_argument("--steady", type=float, default=10.0)
+    ap.add_argument("--server-log", type=Path, help="keep the server's log there")
     args = ap.parse_args()
     if args.quick:
         args.disk_full, args.down, args.steady = 10.0, 15.0, 5.0
@@ -322,6 +331,8 @@ def main() -> None:
             stop.set()
             if p.proc is not None and p.proc.poll() is None:
                 p.proc.kill()
+        if args.server_log:
+            args.server_log.write_text(p.logs())
         try:
             report(p, tally, rc, ran)
         finally:
@@ -337,11 +348,17 @@ def report(p: SpanprofProcess, tally: Tally, rc: int, ran: list[str]) -> None:
         stored_spans = {(bytes.fromhex(t), bytes.fromhex(s)) for t, s in rows(
             "SELECT TraceId, SpanId FROM spanprof.otel_traces WHERE ServiceName = {s:String}")}
         sample_rows = rows("SELECT trace_id, span_id, value FROM spanprof.profile_samples "
-                           "WHERE service = {s:String}")
+                           "WHERE service = {s:String} AND span_id != ''")
+        unlabelled, unlabelled_cpu = rows(
+            "SELECT count(), sum(value) FROM spanprof.profile_samples "
+            "WHERE service = {s:String} AND span_id = ''")[0]
+        unattributed = rows("SELECT sum(cpu_ns) FROM spanprof.unattributed_cpu FINAL "
+                            "WHERE service = {s:String}")[0][0]
         # when each sample stored twice was stored (which phase made the duplicate)
         dup_at = rows("SELECT toString(ingested_at), count() FROM spanprof.profile_samples "
-                      "WHERE service = {s:String} AND (trace_id, span_id) IN (SELECT trace_id, "
-                      "span_id FROM spanprof.profile_samples WHERE service = {s:String} "
+                      "WHERE service = {s:String} AND span_id != '' AND (trace_id, span_id) "
+                      "IN (SELECT trace_id, span_id FROM spanprof.profile_samples "
+                      "WHERE service = {s:String} "
                       "GROUP BY trace_id, span_id HAVING count() > 1) GROUP BY 1 ORDER BY 1")
         attributed = {(bytes.fromhex(t), bytes.fromhex(s)): int(c) for t, s, c in rows(
             "SELECT trace_id, span_id, sum(cpu_ns) FROM spanprof.span_attribution FINAL "
@@ -378,12 +395,16 @@ def report(p: SpanprofProcess, tally: Tally, rc: int, ran: list[str]) -> None:
     if dup_samples:
         print(f"  samples stored twice were stored at (UTC): {dup_at}")
     print(f"  attributed exactly {exact} of {len(acked_p)} (more: {over}, less: {under})")
+    print(f"  samples without a span: acknowledged {tally.unlabelled} "
+          f"({tally.unlabelled_cpu} ns), stored {unlabelled} ({unlabelled_cpu} ns), "
+          f"unattributed CPU {unattributed} ns")
     print("  /health by phase: " + "; ".join(
         f"{name} {sorted(codes)}" for name, codes in tally.health.items()))
     print(f"  worst stall of a well-behaved client: {tally.worst_call:.2f}s "
-          f"(during {tally.worst_call_at})")
+          f"({tally.worst_call_at})")
     ok = (lost_spans == 0 and lost_samples == 0 and dup_samples == 0
-          and exact == len(acked_p) and rc == 0)
+          and exact == len(acked_p) and rc == 0 and unlabelled == tally.unlabelled
+          and unlabelled_cpu == unattributed == tally.unlabelled_cpu)
     print("  check:", "ok" if ok else "MISMATCH")
     sys.exit(0 if ok else 1)
 

@@ -389,7 +389,8 @@ class HttpReceiver:
         self.limits = ServerLimits.of(cfg)
         self._runner: web.AppRunner | None = None
         self.port: int | None = None
-        self.recent = RecentRequests()  # resent requests delivered once
+        # resent requests delivered once; clients not kept waiting on a failing store
+        self.recent = RecentRequests(stalled=getattr(ctx.store, "stalled", None))
 
     async def deliver_once(self, signal: str, batch: Any, *key_parts: bytes | str) -> None:
         """Hand ``batch`` on unless the same request (``key_parts``: what identifies it,

@@ -15,6 +15,11 @@ body as received) and:
   the client's patience;
 * lets a resend that arrives while that task runs wait for it, and share its outcome (an
   error too: then the client retries again, and nothing was stored);
+* does not keep a client waiting on a store that is failing: when the store says its
+  inserts are failing (``stalled``: the ``clickhouse`` exporter retrying a block that may
+  have landed, under its deduplication token), the client is answered ``Retryable`` with
+  the store's delay while the delivery goes on; its resend then waits again, or is answered
+  at once once the delivery is done (the fault run saw 30 s client timeouts without this);
 * answers a resend of a request delivered in the last ``RECENT_S`` seconds with success at
   once, without delivering it again (at most ``RECENT_MAX`` remembered).
 
@@ -37,8 +42,11 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from pipeline.errors import Retryable
+
 RECENT_S = 600.0  # how long a delivered request is remembered (clients give up well before)
 RECENT_MAX = 100_000  # at most this many remembered (oldest forgotten first)
+STALL_CHECK_S = 0.2  # how often a waiting client's delivery is checked against ``stalled``
 
 
 def request_key(*parts: bytes | str) -> int:
@@ -72,8 +80,11 @@ class RecentRequests:
     """Deliveries in flight and recently done, by request key (see the module docstring)."""
 
     def __init__(self, recent_s: float = RECENT_S, max_entries: int = RECENT_MAX,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 stalled: Callable[[], float | None] | None = None) -> None:
         self.recent_s = recent_s
+        # the store's delay before its next insert attempt while its inserts fail, else None
+        self.stalled = stalled
         self.max_entries = max_entries
         self.clock = clock
         self._inflight: dict[int, asyncio.Task[None]] = {}
@@ -109,12 +120,29 @@ class RecentRequests:
         task = self._inflight.get(key)
         if task is not None:
             self.duplicates += 1
-            await asyncio.shield(task)
+            await self._wait(task)
             return True
         task = asyncio.ensure_future(self._run(key, deliver))
         self._inflight[key] = task
-        await asyncio.shield(task)
+        await self._wait(task)
         return False
+
+    async def _wait(self, task: asyncio.Task[None]) -> None:
+        """The delivery's outcome; ``Retryable`` at once (the delivery going on) when the
+        store says its inserts are failing."""
+        if self.stalled is None:
+            await asyncio.shield(task)
+            return
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=STALL_CHECK_S)  # never cancels it
+            if done:
+                task.result()  # raises what the delivery raised
+                return
+            delay = self.stalled()
+            if delay is not None:
+                raise Retryable("the request is accepted and being written, but the store is "
+                                f"failing; retry in {delay:.0f}s to learn its outcome",
+                                retry_after=delay)
 
     async def _run(self, key: int, deliver: Callable[[], Awaitable[None]]) -> None:
         try:

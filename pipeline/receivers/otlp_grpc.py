@@ -127,7 +127,8 @@ class GrpcServer:
         self.metrics: Counter[str] = Counter()
         self._stopped = False
         self._in_flight = 0
-        self.recent = RecentRequests()  # resent requests delivered once
+        # resent requests delivered once; clients not kept waiting on a failing store
+        self.recent = RecentRequests(stalled=getattr(ctx.store, "stalled", None))
 
     def __repr__(self) -> str:
         return f"<GrpcServer {self.ctx.id} port={self.port} {dict(self.metrics)}>"

@@ -148,6 +148,11 @@ class ClickHouseExporter:
         seconds, error = failing
         return f"exporters.{self.ctx.id}: inserts failing for {seconds:.0f}s: {error[:160]}"
 
+    def stalled(self) -> float | None:
+        """While inserts fail: the delay before the next attempt; else None (receivers
+        answer a waiting client with it, ``pipeline/receivers/idempotency.py``)."""
+        return self.writer.retry_in() if self.writer is not None else None
+
     def _metric(self, name: str, n: int) -> None:
         self.metrics[name] += n
 

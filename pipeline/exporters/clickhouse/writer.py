@@ -173,6 +173,12 @@ class Writer:
             return None
         return time.monotonic() - self._failing_since, self._last_error
 
+    def retry_in(self) -> float | None:
+        """While inserts fail: seconds until the next attempt (at least 1); else None."""
+        if self._failing_since is None:
+            return None
+        return max(1.0, self._refuse_until - time.monotonic())
+
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="clickhouse-writer")
 

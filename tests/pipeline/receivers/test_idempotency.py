@@ -118,3 +118,34 @@ class TestResendOverGrpc:
             await r.shutdown()
         assert (down.calls, down.stored) == (1, 1)
         assert r.grpc.metrics["duplicate_requests"] == 2
+
+
+class TestFailingStore:
+    """A store whose inserts fail (``stalled`` gives its delay): the client is answered
+    Retryable with that delay at once, the delivery goes on, and a resend once it is done
+    is answered as delivered, without a second delivery."""
+
+    async def test_client_answered_while_the_delivery_goes_on(self) -> None:
+        delay: list[float | None] = [None]
+        recent = RecentRequests(stalled=lambda: delay[0])
+        release = asyncio.Event()
+        deliveries = 0
+
+        async def deliver() -> None:
+            nonlocal deliveries
+            deliveries += 1
+            await release.wait()
+
+        first = asyncio.ensure_future(recent.deliver(7, deliver))
+        await asyncio.sleep(0.5)
+        assert not first.done()  # a healthy store: the client waits for the outcome
+        delay[0] = 4.0
+        with pytest.raises(Retryable) as err:
+            await asyncio.wait_for(first, timeout=1.0)
+        assert err.value.retry_after == 4.0
+        with pytest.raises(Retryable):  # a resend meanwhile: the same answer, no delivery
+            await asyncio.wait_for(recent.deliver(7, deliver), timeout=1.0)
+        release.set()
+        await asyncio.sleep(0.05)
+        assert await asyncio.wait_for(recent.deliver(7, deliver), timeout=1.0) is True
+        assert deliveries == 1
