@@ -131,6 +131,13 @@ def build(cfg: Config) -> Graph:
                     return nodes[f"exporter:{c}"].component
         return None
 
+    def reads_records(pid: str) -> bool:
+        """Whether a component of the pipeline reads records (connectors always do)."""
+        p = pipelines[pid]
+        return (any(known["processor"][component_type(c)].records for c in p.processors)
+                or any(c in cfg.connectors or known["exporter"][component_type(c)].records
+                       for c in p.exporters))
+
     _pipeline_nodes: dict[str, set[str]] = {}
     for pid in reversed(porder):  # downstream pipelines first: connectors need their heads
         p = pipelines[pid]
@@ -164,10 +171,13 @@ def build(cfg: Config) -> Graph:
             for sig in {signal_of(p) for p in pids}:
                 nxt[sig] = _fan([heads[p] for p in pids if signal_of(p) == sig])
             f = known["receiver"][component_type(cid)]
+            records = {sig: any(reads_records(p) for p in pids if signal_of(p) == sig)
+                       for sig in nxt}
             nodes[key] = Node(key, f.create(cfg.receivers[cid],
                                             Context(cid, pids, next=nxt, log=log(cid, pids),
                                                     data_dir=data_dir,
-                                                    store=receiver_store(pids))),
+                                                    store=receiver_store(pids),
+                                                    records=records)),
                               downstream={n for p in pids for n in _pipeline_nodes[p]})
     unused = [f"{section}.{cid}: defined but not used in any pipeline"
               for section in ("receivers", "exporters", "connectors")

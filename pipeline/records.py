@@ -114,9 +114,13 @@ class SpanBatch(msgspec.Struct):
     # pipeline/receivers/idempotency.py) and how many items it holds; stored with the rows,
     # so that a restarted receiver knows which resent requests it already has
     requests: list[tuple[int, int]] = []
+    # when the receiver built no records (its pipelines only pass OTLP on, as a gateway's
+    # do: ``Factory.records``), ``spans`` is empty and this says how many spans ``sources``
+    # hold; -1: ``spans`` are the items
+    items: int = -1
 
     def __len__(self) -> int:
-        return len(self.spans)
+        return len(self.spans) if self.items < 0 else self.items
 
 
 class ProfileBatch(msgspec.Struct):

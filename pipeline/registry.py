@@ -50,6 +50,9 @@ class Context:
     # elsewhere, and where the input comes from Kafka (its offsets already give exactly
     # once); receivers whose pipelines store into one: that exporter (resent requests)
     store: Store | None = None
+    # receivers, per signal: whether anything downstream reads the records of a batch;
+    # False: every consumer only passes its OTLP requests on (``Factory.records``)
+    records: dict[str, bool] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.log is None:
@@ -66,6 +69,10 @@ class Factory:
     signals: tuple[Signal, ...]
     # connectors only: the signals they emit
     emits: tuple[Signal, ...] = ()
+    # reads the records of a batch (spans, samples); False: only ``len`` and its OTLP
+    # ``sources`` (the ``kafka`` exporter, ``memory_limiter``), so that a receiver whose
+    # pipelines hold nothing else validates requests without building records
+    records: bool = True
 
 
 def factories() -> dict[Kind, dict[str, Factory]]:

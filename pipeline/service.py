@@ -8,6 +8,7 @@ correlator flush into exporters that are still running, and exporters flush last
 from __future__ import annotations
 
 import asyncio
+import gc
 import signal
 
 import structlog
@@ -54,6 +55,19 @@ class Service:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop)
         await self.start()
+        tune_gc()
         self.log.info("service_started", pipelines=sorted(self.cfg.service.pipelines))
         await self._stop.wait()
         await self.stop()
+
+
+def tune_gc() -> None:
+    """After start-up: what was built to start (modules, config, clients) is moved out of
+    the collector's reach (``gc.freeze``), and the youngest generation is collected every
+    100 000 allocations rather than 700. Records are built in bulk per request and most are
+    not tracked (``gc=False`` structs), so the default threshold only rescanned long-lived
+    state: ../shared/PERFORMANCE.md measured the full path at 33-38 us/span before, 21 after.
+    """
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(100_000, 50, 100)

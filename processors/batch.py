@@ -37,9 +37,11 @@ def merge(batches: list[Batch]) -> Batch:
     if len(batches) == 1:
         return first
     if isinstance(first, SpanBatch):
+        lean = any(b.items >= 0 for b in batches)  # type: ignore[union-attr]
         return SpanBatch([s for b in batches for s in b.spans],  # type: ignore[union-attr]
                          sources=[x for b in batches for x in b.sources],  # type: ignore[union-attr]
-                         requests=_requests(batches))
+                         requests=_requests(batches),
+                         items=sum(len(b) for b in batches) if lean else -1)
     if isinstance(first, ProfileBatch):
         stacks: dict[int, Stack] = {}
         for b in batches:

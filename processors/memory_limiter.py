@@ -247,4 +247,4 @@ def create(cfg: Config, ctx: Context) -> MemoryLimiter:
 
 
 FACTORY = Factory(type="memory_limiter", kind="processor", config=Config, create=create,
-                  signals=("traces", "profiles", "attributions"))
+                  signals=("traces", "profiles", "attributions"), records=False)

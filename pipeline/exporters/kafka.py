@@ -1,6 +1,6 @@
-"""``kafka`` exporter: OTLP protobuf messages (``otlp_proto``), one per trace, keyed by the
-trace id's hex as the Collector's ``partition_traces_by_id`` does, so that all spans and all
-linked samples of a trace land on one partition::
+"""``kafka`` exporter: OTLP protobuf messages (``otlp_proto``), keyed by a trace id's hex
+so that all spans and all linked samples of a trace land on one partition (as the
+Collector's ``partition_traces_by_id``, but one message per partition per request)::
 
     exporters:
       kafka:
@@ -14,9 +14,12 @@ linked samples of a trace land on one partition::
           linger: 5ms
         timeout: 10s                # waiting for Kafka's acknowledgement
 
-Every message is keyed by trace (the join depends on it). Profiles are grouped by
-partition (one message per partition, keyed by one of its traces: a busy service's 10 s
-profile holds samples of thousands of traces). The producer uses ``acks=all`` and
+Every message is keyed by trace (the join depends on it). Spans and samples are grouped
+by partition: one message per partition a request touches, keyed by the first of its
+traces (which hashes to that partition, as every other trace in it does): a 500-span
+request of 50 traces is a message per partition, not 50, and a busy service's 10 s profile
+(samples of thousands of traces) a few. With the partition count unknown (metadata not
+reachable in time) it falls back to a message per trace. The producer uses ``acks=all`` and
 idempotence. A message over ``max_message_bytes`` is
 split (by spans / samples) until it fits, never refused. ``consume`` returns only when Kafka
 has acknowledged every message of the batch; if Kafka is down or slow the caller gets
@@ -123,9 +126,10 @@ class KafkaExporter:
                 raise TypeError("span batches always carry their OTLP request")
             sources = [(encode_profiles(batch), [])]
         for req, rejected in sources:
-            # always split by trace: the correlator's join depends on it
-            if split is split_profiles and partitions:
-                parts: dict[str, Any] = split_profiles(
+            # always split by trace (the correlator's join depends on it), the traces of one
+            # partition in one message when the partition count is known
+            if partitions:
+                parts: dict[str, Any] = split(
                     req, rejected, bucket_of=functools.partial(_bucket, self._partition_fn,
                                                                partitions))
             else:
@@ -149,14 +153,13 @@ class KafkaExporter:
     async def consume(self, batch: Batch) -> None:
         if self.producer is None or self._stopped:
             raise Retryable(f"{self.ctx.id}: not running")
-        partitions = 0
-        if isinstance(batch, ProfileBatch):
-            try:
-                partitions = len(await asyncio.wait_for(
-                    self.producer.partitions_for(self.cfg.profiles.topic),
-                    timeout=float(self.cfg.timeout)))
-            except (KafkaError, TimeoutError):
-                partitions = 0  # per-trace messages: slower, still correct
+        topic = self.cfg.profiles.topic if isinstance(batch, ProfileBatch) \
+            else self.cfg.traces.topic
+        try:
+            partitions = len(await asyncio.wait_for(self.producer.partitions_for(topic),
+                                                    timeout=float(self.cfg.timeout)))
+        except (KafkaError, TimeoutError):
+            partitions = 0  # per-trace messages: slower, still correct
         msgs = self.messages(batch, partitions)
         producer = self.producer
 
@@ -222,4 +225,4 @@ def create(cfg: Config, ctx: Context) -> KafkaExporter:
 
 
 FACTORY = Factory(type="kafka", kind="exporter", config=Config, create=create,
-                  signals=("traces", "profiles"))
+                  signals=("traces", "profiles"), records=False)

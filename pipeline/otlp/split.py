@@ -23,10 +23,16 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 Path = tuple[int, int, int]
 
 
-def split_traces(req: ExportTraceServiceRequest, rejected: Iterable[Path] = ()
+def split_traces(req: ExportTraceServiceRequest, rejected: Iterable[Path] = (),
+                 bucket_of: Callable[[str], object] | None = None
                  ) -> dict[str, ExportTraceServiceRequest]:
+    """Per trace (hex), a request with only its spans; with ``bucket_of`` (trace hex ->
+    partition), per partition, keyed by the first of its trace ids (as ``split_profiles``):
+    one message per partition per request, co-partitioned with the trace's samples."""
     skip = set(rejected)
     out: dict[str, ExportTraceServiceRequest] = {}
+    key_of: dict[bytes, str] = {}  # trace id -> the key of its message
+    first_key: dict[object, str] = {}
     # (trace, resource index, scope index) -> the ScopeSpans being filled
     scopes: dict[tuple[str, int, int], Any] = {}
     resources: dict[tuple[str, int], Any] = {}
@@ -35,7 +41,13 @@ def split_traces(req: ExportTraceServiceRequest, rejected: Iterable[Path] = ()
             for pi, span in enumerate(ss.spans):
                 if (ri, si, pi) in skip:
                     continue
-                key = bytes(span.trace_id).hex()
+                tid = span.trace_id
+                key = key_of.get(tid)
+                if key is None:
+                    key = tid.hex()
+                    if bucket_of is not None:
+                        key = first_key.setdefault(bucket_of(key), key)
+                    key_of[tid] = key
                 dst_ss = scopes.get((key, ri, si))
                 if dst_ss is None:
                     dst_rs = resources.get((key, ri))

@@ -24,7 +24,12 @@ class Decoded(NamedTuple):
     message: str
 
 
-def decode_traces(req: ExportTraceServiceRequest) -> Decoded:
+def decode_traces(req: ExportTraceServiceRequest, records: bool = True) -> Decoded:
+    """The spans of ``req`` that can be stored, and what was refused; without
+    ``records`` the same checks, but the batch holds only ``req`` and a count (a gateway
+    passes the request on as it came, less what was refused)."""
+    if not records:
+        return _validate(req)
     spans: list[Span] = []
     refused = Rejections()
     for ri, rs in enumerate(req.resource_spans):
@@ -64,6 +69,26 @@ def decode_traces(req: ExportTraceServiceRequest) -> Decoded:
                                     attributes_dict(lk.attributes)) for lk in s.links],
                 ))
     return Decoded(SpanBatch(spans, sources=[(req, refused.paths)]), refused.count,
+                   refused.message)
+
+
+def _validate(req: ExportTraceServiceRequest) -> Decoded:
+    ok = 0
+    refused = Rejections()
+    for ri, rs in enumerate(req.resource_spans):
+        for si, ss in enumerate(rs.scope_spans):
+            for pi, s in enumerate(ss.spans):
+                problem = _check_ids(s.trace_id, s.span_id, s.parent_span_id)
+                if problem is None:
+                    problem = _check_times(s)
+                if problem is None and s.links:
+                    problem = _check_links(s.links)
+                if problem is None:
+                    ok += 1
+                else:
+                    refused.add((ri, si, pi),
+                                f"resource_spans[{ri}].scope_spans[{si}].spans[{pi}]", problem)
+    return Decoded(SpanBatch([], sources=[(req, refused.paths)], items=ok), refused.count,
                    refused.message)
 
 

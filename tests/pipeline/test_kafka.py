@@ -78,12 +78,11 @@ def _exporter(bootstrap: str, topics: tuple[str, str], **kw: Any) -> KafkaExport
 
 
 class TestKafkaExporter:
-    async def test_messages_per_trace_keyed_and_copartitioned(self, kafka_broker: Any,
-                                                              topics: tuple[str, str]) -> None:
-        """Span messages are plain OTLP requests holding one trace, keyed by its hex id (as
-        the Collector writes them); sample messages group the traces of one partition,
-        keyed by one of them; a trace's spans and samples land on the same partition, the
-        murmur2 one."""
+    async def test_messages_per_partition_keyed_and_copartitioned(
+            self, kafka_broker: Any, topics: tuple[str, str]) -> None:
+        """Span and sample messages are plain OTLP requests grouping the traces of one
+        partition, keyed by one of them (one message per partition per request); a trace's
+        spans and samples land on the same partition, the murmur2 one."""
         ex = _exporter(kafka_broker.bootstrap, topics)
         await ex.start()
         tids = [bytes([i + 1]) * 16 for i in range(8)]
@@ -98,18 +97,23 @@ class TestKafkaExporter:
         await ex.consume(decode_profiles(b.build()).batch)
         await ex.shutdown()
 
-        spans = await _read_all(kafka_broker.bootstrap, topics[0], len(tids))
-        n_sample_msgs = len({murmur2_partition(t.hex().encode(), PARTITIONS) for t in tids}) + 1
-        assert ex.metrics["sent_messages"] == len(tids) + n_sample_msgs
+        n_parts = len({murmur2_partition(t.hex().encode(), PARTITIONS) for t in tids})
+        assert 1 < n_parts < len(tids)
+        spans = await _read_all(kafka_broker.bootstrap, topics[0], n_parts)
+        n_sample_msgs = n_parts + 1  # and the unlinked samples
+        assert ex.metrics["sent_messages"] == n_parts + n_sample_msgs
         samples = await _read_all(kafka_broker.bootstrap, topics[1], n_sample_msgs)
         span_part = {}
         for rec in spans:
             msg = tps.ExportTraceServiceRequest.FromString(rec.value)
-            got = {bytes(s.trace_id).hex() for rs in msg.resource_spans
-                   for ss in rs.scope_spans for s in ss.spans}
-            assert got == {rec.key.decode()}
+            got = [bytes(s.trace_id).hex() for rs in msg.resource_spans
+                   for ss in rs.scope_spans for s in ss.spans]
+            assert rec.key.decode() in got
             assert rec.partition == murmur2_partition(rec.key, PARTITIONS)
-            span_part[rec.key] = rec.partition
+            for t in got:
+                assert murmur2_partition(t.encode(), PARTITIONS) == rec.partition
+                span_part[t.encode()] = rec.partition
+            assert len(got) == 2 * len(set(got))  # both spans of each trace
         assert len(span_part) == len(tids)
         for rec in samples:
             d = decode_profiles(pps.ExportProfilesServiceRequest.FromString(rec.value))

@@ -238,3 +238,20 @@ class TestRejection:
         dec = decode_traces(req)
         assert dec.rejected == 0
         assert dec.batch.spans[0].parent_span_id == PARENT
+
+
+class TestWithoutRecords:
+    """A gateway validates without building records (``records=False``): the same spans
+    are refused with the same message, and the batch counts the others."""
+
+    @pytest.mark.parametrize(("fields", "problem"), list(BAD_SPANS.values()),
+                             ids=list(BAD_SPANS))
+    def test_same_verdict_as_with_records(self, fields: dict[str, Any], problem: str) -> None:
+        req = request([[3, 3], [3, 3]])
+        req.resource_spans[1].scope_spans[1].spans.insert(1, new_span(99, **fields))
+        req.resource_spans[0].scope_spans[0].spans.append(new_span(98, **fields))
+        full, lean = decode_traces(req), decode_traces(req, records=False)
+        assert (lean.rejected, lean.message) == (full.rejected, full.message) == (
+            2, lean.message)
+        assert lean.batch.spans == [] and len(lean.batch) == len(full.batch) == 12
+        assert lean.batch.sources[0][1] == full.batch.sources[0][1]  # the refused paths
