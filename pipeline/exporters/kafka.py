@@ -36,11 +36,13 @@ from typing import Any, Literal
 import msgspec
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from pipeline.config import NonNegDuration, PositiveInt
-from pipeline.errors import ConfigError, Retryable
+from pipeline.errors import ConfigError, InvalidData, Retryable
 from pipeline.kafka import ClientConfig, PartitionerName, partitioner
 from pipeline.otlp.split import halve_profiles, halve_traces, split_profiles, split_traces
+from pipeline.otlp.wire import split_trace_bytes
 from pipeline.records import Batch, ProfileBatch, SpanBatch
 from pipeline.registry import Context, Factory
 
@@ -125,28 +127,33 @@ class KafkaExporter:
             if not isinstance(batch, ProfileBatch):
                 raise TypeError("span batches always carry their OTLP request")
             sources = [(encode_profiles(batch), [])]
+        bucket = functools.partial(_bucket, self._partition_fn, partitions) if partitions \
+            else None
         for req, rejected in sources:
             # always split by trace (the correlator's join depends on it), the traces of one
-            # partition in one message when the partition count is known
-            if partitions:
-                parts: dict[str, Any] = split(
-                    req, rejected, bucket_of=functools.partial(_bucket, self._partition_fn,
-                                                               partitions))
+            # partition in one message when the partition count is known; a request's
+            # bytes as received (a gateway's) are split on the wire, without parsing
+            if isinstance(req, bytes):
+                parts: dict[str, Any] = split_trace_bytes(req, rejected, bucket)
             else:
-                parts = split(req, rejected)
+                parts = split(req, rejected, bucket_of=bucket)
             for key, msg in parts.items():
                 pending = [msg]
                 while pending:
                     m = pending.pop()
-                    data = m.SerializeToString()
+                    data = m if isinstance(m, bytes) else m.SerializeToString()
                     if len(data) > limit:
+                        if isinstance(m, bytes):
+                            m = ExportTraceServiceRequest.FromString(m)
                         smaller = halve(m)
                         if len(smaller) > 1:
                             self.metrics["split_messages"] += 1
                             pending.extend(smaller)
                             continue
-                        raise Retryable(f"{self.ctx.id}: one item is {len(data)} bytes, over "
-                                        "producer.max_message_bytes")
+                        # permanent: the same item would be refused again (nothing of the
+                        # batch is sent yet); the client is told, not asked to retry
+                        raise InvalidData(f"{self.ctx.id}: one item is {len(data)} bytes, "
+                                          "over producer.max_message_bytes")
                     out.append((topic, key.encode() if key else None, data))
         return out
 

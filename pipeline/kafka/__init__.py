@@ -2,15 +2,44 @@
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable, Sequence
 from typing import Literal
 
 import msgspec
-from aiokafka.partitioner import murmur2
 
 from pipeline.config import Duration
 
 PartitionerName = Literal["murmur2", "sarama_compat"]
+
+
+_M32 = 0xFFFFFFFF
+
+
+def murmur2(data: bytes) -> int:
+    """MurmurHash2 as the Java client computes it (seed 0x9747b28c), unsigned 32-bit;
+    4-byte blocks read at once (a trace id's hex key is 8 blocks, no tail)."""
+    m = 0x5BD1E995
+    n = len(data)
+    h = (0x9747B28C ^ n) & _M32
+    blocks = n >> 2
+    for k in struct.unpack_from(f"<{blocks}I", data):
+        k = (k * m) & _M32
+        k ^= k >> 24
+        h = ((h * m) & _M32) ^ ((k * m) & _M32)
+    tail = n & 3
+    if tail:
+        at = blocks << 2
+        if tail == 3:
+            h ^= data[at + 2] << 16
+        if tail >= 2:
+            h ^= data[at + 1] << 8
+        h ^= data[at]
+        h = (h * m) & _M32
+    h ^= h >> 13
+    h = (h * m) & _M32
+    h ^= h >> 15
+    return h
 
 
 def fnv1a_32(data: bytes) -> int:

@@ -24,12 +24,14 @@ class Decoded(NamedTuple):
     message: str
 
 
-def decode_traces(req: ExportTraceServiceRequest, records: bool = True) -> Decoded:
+def decode_traces(req: ExportTraceServiceRequest, records: bool = True,
+                  wire: bytes | None = None) -> Decoded:
     """The spans of ``req`` that can be stored, and what was refused; without
-    ``records`` the same checks, but the batch holds only ``req`` and a count (a gateway
-    passes the request on as it came, less what was refused)."""
+    ``records`` the same checks, but the batch holds only the request and a count (a
+    gateway passes the request on as it came, less what was refused): its bytes as
+    received (``wire``) when given, which the kafka exporter splits without parsing."""
     if not records:
-        return _validate(req)
+        return _validate(req, wire)
     spans: list[Span] = []
     refused = Rejections()
     for ri, rs in enumerate(req.resource_spans):
@@ -72,7 +74,7 @@ def decode_traces(req: ExportTraceServiceRequest, records: bool = True) -> Decod
                    refused.message)
 
 
-def _validate(req: ExportTraceServiceRequest) -> Decoded:
+def _validate(req: ExportTraceServiceRequest, wire: bytes | None) -> Decoded:
     ok = 0
     refused = Rejections()
     for ri, rs in enumerate(req.resource_spans):
@@ -88,7 +90,8 @@ def _validate(req: ExportTraceServiceRequest) -> Decoded:
                 else:
                     refused.add((ri, si, pi),
                                 f"resource_spans[{ri}].scope_spans[{si}].spans[{pi}]", problem)
-    return Decoded(SpanBatch([], sources=[(req, refused.paths)], items=ok), refused.count,
+    source = req if wire is None else wire
+    return Decoded(SpanBatch([], sources=[(source, refused.paths)], items=ok), refused.count,
                    refused.message)
 
 

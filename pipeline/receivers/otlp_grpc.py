@@ -214,8 +214,8 @@ class GrpcServer:
         except TooLarge as err:
             self.metrics["refused_requests"] += 1
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(err))
-        decoded = decode(req, self.ctx.records.get(signal, True)) if signal == "traces" \
-            else decode(req)
+        decoded = decode(req, self.ctx.records.get(signal, True), data) \
+            if signal == "traces" else decode(req)
         if len(decoded.batch):
             await self._deliver(signal, decoded.batch, context, request_key(signal, data))
         resp = response_type()

@@ -1,0 +1,72 @@
+"""pipeline/otlp/wire.py: splitting trace requests on their bytes gives what splitting the
+parsed request gives (``split.split_traces``), message for message."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
+
+from pipeline.otlp.split import split_traces
+from pipeline.otlp.wire import _header, split_trace_bytes
+
+TRACES = [bytes([i + 1]) * 16 for i in range(6)]
+
+
+def _request(shape: list[list[list[int]]]) -> ExportTraceServiceRequest:
+    """resources -> scopes -> spans, each span naming its trace by index."""
+    req = ExportTraceServiceRequest()
+    n = 0
+    for r, scopes in enumerate(shape):
+        rs = req.resource_spans.add(schema_url=f"r{r}")
+        rs.resource.attributes.add(key="service.name").value.string_value = f"svc{r}"
+        for s, spans in enumerate(scopes):
+            ss = rs.scope_spans.add(schema_url=f"s{s}")
+            ss.scope.name = f"scope{s}"
+            for t in spans:
+                n += 1
+                sp = ss.spans.add(trace_id=TRACES[t], span_id=n.to_bytes(8, "big"),
+                                  name=f"op{n}" * (n % 40), start_time_unix_nano=n)
+                sp.attributes.add(key="k").value.int_value = n
+    return req
+
+
+def _bucket(key: str) -> int:
+    return int(key[:2], 16) % 3
+
+
+shapes = st.lists(st.lists(st.lists(st.integers(0, 5), max_size=6), min_size=1, max_size=3),
+                  min_size=1, max_size=3)
+
+
+@settings(max_examples=200, deadline=None)
+@given(shape=shapes, drop=st.sets(st.integers(0, 40)), grouped=st.booleans())
+def test_same_messages_as_the_parsed_split(shape: list[list[list[int]]], drop: set[int],
+                                           grouped: bool) -> None:
+    req = _request(shape)
+    paths = [(ri, si, pi) for ri, rs in enumerate(req.resource_spans)
+             for si, ss in enumerate(rs.scope_spans) for pi in range(len(ss.spans))]
+    rejected = [p for i, p in enumerate(paths) if i in drop]
+    bucket = _bucket if grouped else None
+    want = split_traces(req, rejected, bucket_of=bucket)
+    got = split_trace_bytes(req.SerializeToString(), rejected, bucket)
+    assert got.keys() == want.keys()
+    for key, data in got.items():
+        assert ExportTraceServiceRequest.FromString(data) == want[key]
+
+
+def test_a_trace_id_after_other_fields_is_found() -> None:
+    """Writers may put fields in any order: the trace id is looked for in the span."""
+    span = Span(name="late", span_id=b"\x01" * 8, trace_id=TRACES[2])
+    wire = span.SerializeToString()
+    head = Span(trace_id=TRACES[2]).SerializeToString()
+    reordered = wire[len(head):] + head  # everything else first, then the trace id
+    assert Span.FromString(reordered) == span
+    field = _header(2, len(reordered)) + reordered
+    scope = _header(2, len(field)) + field
+    data = _header(1, len(scope)) + scope
+    got = split_trace_bytes(data)
+    assert list(got) == [TRACES[2].hex()]
+    assert ExportTraceServiceRequest.FromString(got[TRACES[2].hex()]) == \
+        ExportTraceServiceRequest.FromString(data)
