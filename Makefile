@@ -19,7 +19,8 @@ venv: $(BIN)/.installed
 run: venv
 	$(BIN)/spanprof run -c $(CONFIG)
 
-test: venv
+# lint first: CI (.ci/run) runs this target
+test: venv lint
 	$(BIN)/python -m pytest -q
 
 bench: venv
@@ -27,6 +28,10 @@ bench: venv
 	$(BIN)/python bench/bench_kafka.py
 	$(BIN)/python bench/accuracy.py
 	$(BIN)/python bench/bench_storage.py
+	@# the gateway against the OpenTelemetry Collector, same load, one core each (last line:
+	@# the cpu/span ratio); the harness lives beside the project on the team's machines
+	@if [ -x ../shared/bench/collector/run ]; then SPANPROF_PYTHON=$(BIN)/python ../shared/bench/collector/run; \
+	else echo "collector comparison: ../shared/bench/collector/run not found, skipped"; fi
 
 # the long fuzz run (hypothesis profile "fuzz": >= 1 M inputs over every decoder and endpoint)
 fuzz: venv

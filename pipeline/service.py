@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
 import signal
 
 import structlog
@@ -67,7 +68,10 @@ def tune_gc() -> None:
     100 000 allocations rather than 700. Records are built in bulk per request and most are
     not tracked (``gc=False`` structs), so the default threshold only rescanned long-lived
     state: ../shared/PERFORMANCE.md measured the full path at 33-38 us/span before, 21 after.
+    ``SPANPROF_GC_TUNING=0`` keeps Python's defaults (to compare, or to rule it out).
     """
+    if os.environ.get("SPANPROF_GC_TUNING", "1") == "0":
+        return
     gc.collect()
     gc.freeze()
     gc.set_threshold(100_000, 50, 100)
