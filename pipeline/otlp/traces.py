@@ -17,7 +17,6 @@ from pipeline.otlp.bounds import TIME_MAX_NS, TIME_RANGE
 from pipeline.otlp.common import Rejections, attributes_dict, is_zero, service_name
 from pipeline.records import Span, SpanBatch, SpanEvent, SpanLink
 
-
 ZERO_TRACE, ZERO_SPAN = bytes(16), bytes(8)
 
 
