@@ -1,5 +1,6 @@
-"""What the HTTP listeners share (OTLP/HTTP, Pyroscope, the admin API): endpoint checks,
-serving an aiohttp app behind per-connection guards, and reading a body within limits.
+"""What the HTTP listeners share (OTLP/HTTP, Pyroscope, the admin API): serving an aiohttp
+app behind per-connection guards. Reading a body within limits is ``http_body.py``; the
+receivers' common base, ``http_receiver.py``.
 
 A hostile or broken client must not hold the server's sockets, memory or time. Each
 listener enforces, with these keys in its config (defaults in ``ServerLimits``)::
@@ -11,12 +12,7 @@ listener enforces, with these keys in its config (defaults in ``ServerLimits``):
                                the handler is reading it, the connection closed otherwise
     idle_timeout: 60s          a keep-alive connection with no request in it is closed
     max_connections: 1000      open connections; one more is answered ``503`` with
-                               ``Retry-After: 1`` and closed (see ``_GuardedProtocol``)
-
-The body is read in chunks, counted as it arrives (chunked bodies too), and refused with 413
-naming ``max_request_bytes`` as soon as it is over; a gzip body (``Content-Encoding: gzip``
-or the gzip magic) is then inflated here, bounded by ``max_decompressed_bytes``. aiohttp's
-own decompression is off, so that the limit counts the bytes the client sent.
+                               ``Retry-After: 1`` and closed (see ``GuardedProtocol``)
 
 aiohttp has no header or body timeout (its ``keepalive_timeout`` starts at connect and
 after each response, and is not reset by incoming bytes), so the listener's protocol is an
@@ -38,10 +34,7 @@ from aiohttp import web
 from aiohttp.streams import StreamReader
 from aiohttp.web_protocol import RequestHandler
 
-from pipeline.errors import ConfigError, InvalidData, TooLarge
-from pipeline.receivers.idempotency import RecentRequests, preload_recent, request_key
-from pipeline.receivers.limits import gunzip_limited
-from pipeline.registry import Context
+from pipeline.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -60,14 +53,6 @@ class ServerLimits:
         return cls(*(getattr(cfg, f, getattr(d, f)) for f in
                      ("read_header_timeout", "read_timeout", "idle_timeout",
                       "max_connections")))
-
-
-class BodyTimeout(InvalidData):
-    """The body did not arrive within ``read_timeout`` (answered 408, connection closed)."""
-
-
-class UnsupportedEncoding(InvalidData):
-    """A ``Content-Encoding`` other than gzip or identity (answered 415)."""
 
 
 # after a response, at most this much of a body the handler did not read is read and
@@ -111,7 +96,7 @@ class _Listener:
             self.log.warning(event, total=self.metrics[metric], **fields)
 
 
-class _GuardedProtocol(RequestHandler):
+class GuardedProtocol(RequestHandler):
     """aiohttp's connection protocol with the listener's guards (module docstring).
 
     Over ``max_connections`` a connection is answered ``503`` + ``Retry-After`` and closed
@@ -130,6 +115,11 @@ class _GuardedProtocol(RequestHandler):
         self._close_after_response = False
         self._quiet = False  # handle_error is answering a client's fault
         self._state = "new"  # new -> open (counted) | refused
+
+    @property
+    def limits(self) -> ServerLimits:
+        """The listener's limits (``read_body`` times a body by ``read_timeout``)."""
+        return self._listener.limits
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         lst = self._listener
@@ -238,7 +228,7 @@ class _GuardedProtocol(RequestHandler):
 async def _track(request: web.Request, handler: Any) -> web.StreamResponse:
     """Tells the connection's guard when a request's handler starts and ends."""
     proto = request.protocol
-    if not isinstance(proto, _GuardedProtocol):
+    if not isinstance(proto, GuardedProtocol):
         return await handler(request)  # type: ignore[no-any-return]
     proto.request_started(request.content)
     try:
@@ -264,7 +254,7 @@ def _faults(log: Any) -> Any:
 
 
 class _GuardedSite(web.TCPSite):
-    """A TCP site whose connections use ``_GuardedProtocol`` (aiohttp's ``Server`` always
+    """A TCP site whose connections use ``GuardedProtocol`` (aiohttp's ``Server`` always
     makes plain ``RequestHandler``s)."""
 
     def __init__(self, runner: web.AppRunner, host: str, port: int, listener: _Listener,
@@ -280,8 +270,8 @@ class _GuardedSite(web.TCPSite):
         assert manager is not None
         lst, auto = self._listener, self._auto_decompress
 
-        def protocol() -> _GuardedProtocol:
-            return _GuardedProtocol(
+        def protocol() -> GuardedProtocol:
+            return GuardedProtocol(
                 manager, listener=lst, loop=loop, access_log=None,
                 keepalive_timeout=lst.limits.idle_timeout, lingering_time=LINGER_S,
                 auto_decompress=auto)
@@ -317,106 +307,5 @@ async def serve(app: web.Application, endpoint: str, where: str,
 
 def app_for(max_decompressed_bytes: int) -> web.Application:
     """``client_max_size`` bounds what aiohttp itself reads whole (``request.post()``);
-    bodies go through ``read_body``."""
+    bodies go through ``read_body`` (``http_body.py``)."""
     return web.Application(client_max_size=max_decompressed_bytes)
-
-
-GZIP = ("gzip", "x-gzip")
-
-
-async def read_body(request: web.Request, max_request_bytes: int,
-                    max_decompressed_bytes: int) -> bytes:
-    """The request body, within both limits (``TooLarge`` names the key it broke), read in
-    chunks and counted as it arrives: a chunked body, which has no Content-Length, is
-    refused as soon as it is over, not after it is all in memory. ``BodyTimeout`` when it
-    takes longer than the listener's ``read_timeout``."""
-    encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
-    if encoding not in ("", "identity", *GZIP):
-        raise UnsupportedEncoding(f"Content-Encoding {encoding[:40]!r}: use gzip or none")
-    if request.content_length and request.content_length > max_request_bytes:
-        raise TooLarge(f"request body of {request.content_length} bytes, over "
-                       f"max_request_bytes={max_request_bytes}")
-    proto = request.protocol
-    timeout = (proto._listener.limits.read_timeout if isinstance(proto, _GuardedProtocol)
-               else ServerLimits.read_timeout)
-    try:
-        async with asyncio.timeout(timeout):
-            body = await _read_limited(request.content, max_request_bytes)
-    except TimeoutError:
-        if isinstance(proto, _GuardedProtocol):
-            proto.close_after_response()
-        raise BodyTimeout(f"request body not received within read_timeout={timeout}s"
-                          ) from None
-    if encoding in GZIP or body[:2] == b"\x1f\x8b":  # gzip, said or not: inflated, bounded
-        body = gunzip_limited(body, max_decompressed_bytes, "request body",
-                              "max_decompressed_bytes")
-    return body
-
-
-async def _read_limited(content: StreamReader, limit: int) -> bytes:
-    chunks, size = [], 0
-    while chunk := await _next_chunk(content):
-        size += len(chunk)
-        if size > limit:
-            raise TooLarge(f"request body over max_request_bytes={limit} (refused after "
-                           f"{size} bytes)")
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-async def _next_chunk(content: StreamReader) -> bytes:
-    try:
-        return await content.readany()
-    except web.RequestPayloadError as err:  # bad chunked framing, truncated body, ...
-        raise InvalidData(f"request body: {err}") from None
-
-
-class HttpReceiver:
-    """What the aiohttp receivers share: metrics, the server's lifecycle on
-    ``cfg.endpoint`` with ``cfg.max_decompressed_bytes`` and the listener limits
-    (``ServerLimits.of(cfg)``), and a repr. Subclasses add their routes in ``routes`` and
-    say where their endpoint key sits (``endpoint_key``) and what their log events are
-    called (``event``)."""
-
-    endpoint_key = "endpoint"
-    event = "http"
-
-    def __init__(self, cfg: Any, ctx: Context) -> None:
-        self.cfg = cfg
-        self.ctx = ctx
-        self.log = ctx.log
-        self.metrics: Counter[str] = Counter()
-        self.limits = ServerLimits.of(cfg)
-        self._runner: web.AppRunner | None = None
-        self.port: int | None = None
-        # resent requests delivered once; clients not kept waiting on a failing store
-        self.recent = RecentRequests(stalled=getattr(ctx.store, "stalled", None))
-
-    async def deliver_once(self, signal: str, batch: Any, *key_parts: bytes | str) -> None:
-        """Hand ``batch`` on unless the same request (``key_parts``: what identifies it,
-        e.g. its path and body) is being delivered or was delivered lately; see
-        ``pipeline/receivers/idempotency.py``."""
-        key = request_key(*key_parts)
-        batch.requests = [(key, len(batch))]  # stored with the rows (a restart knows it)
-        if await self.recent.deliver(key, lambda: self.ctx.next[signal].consume(batch)):
-            self.metrics["duplicate_requests"] += 1
-
-    def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self.ctx.id} port={self.port} {dict(self.metrics)}>"
-
-    def routes(self, app: web.Application) -> None:
-        raise NotImplementedError
-
-    async def start(self) -> None:
-        await preload_recent(self.recent, self.ctx, self.log)
-        app = app_for(self.cfg.max_decompressed_bytes)
-        self.routes(app)
-        self._runner, self.port = await serve(
-            app, self.cfg.endpoint, f"receivers.{self.ctx.id}.{self.endpoint_key}",
-            self.limits, self.metrics, self.log, auto_decompress=False)
-        self.log.info(f"{self.event}_listening", endpoint=self.cfg.endpoint, port=self.port)
-
-    async def shutdown(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()  # finishes requests in flight
-            self._runner = None

@@ -29,7 +29,8 @@ inserted are then acknowledged by the exporter without queueing them again): not
 buffered without bound and no partition stays paused. Both topics are read with
 the range assignor, which gives one worker the same partitions of both, so a trace's spans
 and samples meet in one worker; start-up fails if the two topics' partition counts differ.
-A message that is not valid OTLP is logged, counted and skipped.
+A message that is not valid OTLP is logged, counted and skipped (``kafka_batches.py``: from
+messages to the batches sent on).
 
 Spans before samples: a sample's row names its span's operation (and so reaches the
 per-operation aggregates) only if the span was sent on first. Live, samples come seconds
@@ -49,21 +50,17 @@ from typing import Any, Literal
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from aiokafka.errors import KafkaError
-from google.protobuf.message import DecodeError
-from opentelemetry.proto.collector.profiles.v1development import profiles_service_pb2 as pps
-from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as tps
 
 from pipeline.component import raise_worst
 from pipeline.config import Duration, NonNegDuration, PositiveInt
 from pipeline.errors import ConfigError, InvalidData, Retryable
 from pipeline.kafka import ClientConfig
 from pipeline.kafka.blocks import Block, Entry, PartitionBlocks, decode_plan, encode_plan
-from pipeline.otlp.profiles import decode_profiles
-from pipeline.otlp.traces import decode_traces
-from pipeline.records import ProfileBatch, SpanBatch
+from pipeline.receivers.kafka_batches import merge_block, to_entry, waves
 from pipeline.registry import Context, Factory
 
-Batch = SpanBatch | ProfileBatch
+# per partition of a round: its state, the blocks complete now, where to rewind to
+Rounds = dict[TopicPartition, tuple[PartitionBlocks, list[Block], int]]
 
 
 class Config(ClientConfig, forbid_unknown_fields=True):
@@ -101,24 +98,6 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
 
     async def on_partitions_assigned(self, assigned: Any) -> None:
         self.receiver._forget(assigned)  # read afresh from the committed plan
-
-
-def merge_block(block: Block, signal: str) -> SpanBatch | ProfileBatch | None:
-    """The messages of one block as one batch named by the block's token; ``parts`` keeps
-    each message's name and size, so that rows derived per message can still name it."""
-    got = [e for e in block.entries if e.batch is not None]
-    if not got:
-        return None
-    parts = [(f"{block.topic}/{block.partition}/{e.offset}", e.items) for e in got]
-    sources = [src for e in got for src in e.batch.sources]
-    if signal == "traces":
-        return SpanBatch([s for e in got for s in e.batch.spans], sources=sources,
-                         origin=block.token, parts=parts)
-    stacks: dict[int, Any] = {}
-    for e in got:
-        stacks.update(e.batch.stacks)
-    return ProfileBatch([x for e in got for x in e.batch.samples], stacks, sources=sources,
-                        origin=block.token, parts=parts)
 
 
 class KafkaReceiver:
@@ -183,31 +162,6 @@ class KafkaReceiver:
             await self.consumer._client.force_metadata_update()
             await asyncio.sleep(0.1)
         raise ConfigError(f"receivers.{self.ctx.id}: topic {topic!r} does not exist")
-
-    def _decode(self, topic: str, value: bytes) -> SpanBatch | ProfileBatch | None:
-        signal = self.topics[topic]
-        try:
-            if signal == "traces":
-                d: Any = decode_traces(tps.ExportTraceServiceRequest.FromString(value))
-            else:
-                d = decode_profiles(pps.ExportProfilesServiceRequest.FromString(value))
-        except DecodeError as err:
-            self.metrics["malformed_messages"] += 1
-            self.log.warning("kafka_message_malformed", topic=topic, error=str(err))
-            return None
-        if d.rejected:
-            self.metrics[f"refused_{'spans' if signal == 'traces' else 'profiles'}"] += \
-                d.rejected
-            self.log.info("kafka_items_rejected", topic=topic, rejected=d.rejected,
-                          reason=d.message[:300])
-        return d.batch  # type: ignore[no-any-return]
-
-    def _entry(self, topic: str, rec: Any) -> Entry:
-        batch = self._decode(topic, rec.value)
-        if batch is not None and not len(batch):
-            batch = None
-        return Entry(rec.offset, rec.value, batch, len(batch) if batch is not None else 0,
-                     rec.timestamp)
 
     async def _load_plans(self, tps: list[TopicPartition]) -> None:
         """State for partitions new to this worker, with the plan their last owner
@@ -298,8 +252,7 @@ class KafkaReceiver:
             work = {**{tp: [] for tp, p in self._parts.items() if p.held}, **fetched}
             if not work:
                 continue
-            # per partition: its state, the blocks complete now, where to rewind to
-            rounds: dict[TopicPartition, tuple[PartitionBlocks, list[Block], int]] = {}
+            rounds: Rounds = {}
             spans_sent = dict(self._spans_sent)  # restored if this round is refused
             for tp in sorted(work, key=lambda tp: self.topics[tp.topic] != "traces"):
                 records = work[tp]
@@ -307,8 +260,9 @@ class KafkaReceiver:
                 if part is None:  # revoked while its plan was read: the next owner's
                     continue
                 rewind_to = part.held[0].offset if part.held else records[0].offset
-                entries = [self._entry(tp.topic, r) for r in records]
-                if self.topics[tp.topic] == "traces":
+                signal = self.topics[tp.topic]
+                entries = [to_entry(signal, tp.topic, r, self.metrics, self.log) for r in records]
+                if signal == "traces":
                     blocks = part.cut(entries)
                     # spans in this round's blocks go down before any sample of the round
                     if blocks:
@@ -352,8 +306,7 @@ class KafkaReceiver:
             backoff = 0.5
             await self._commit(rounds)
 
-    async def _plan(self, rounds: dict[TopicPartition, tuple[PartitionBlocks, list[Block], int]]
-                    ) -> None:
+    async def _plan(self, rounds: Rounds) -> None:
         """Step 1: the ranges about to be inserted, in the offset commit's metadata, so that
         whoever reads these messages again builds the same blocks."""
         assert self.consumer is not None
@@ -364,8 +317,7 @@ class KafkaReceiver:
         if plans:
             await self.consumer.commit(plans)
 
-    async def _deliver(self, rounds: dict[TopicPartition,
-                                          tuple[PartitionBlocks, list[Block], int]]) -> None:
+    async def _deliver(self, rounds: Rounds) -> None:
         """Step 2: one batch per block, spans before samples (the correlator then sees a
         trace's span first); all sent together so that they share ClickHouse inserts."""
         invalid: BaseException | None = None
@@ -388,8 +340,7 @@ class KafkaReceiver:
         if invalid is not None:
             raise invalid  # logged; the other blocks were delivered, the round is committed
 
-    async def _commit(self, rounds: dict[TopicPartition,
-                                         tuple[PartitionBlocks, list[Block], int]]) -> None:
+    async def _commit(self, rounds: Rounds) -> None:
         """Step 3: the offset after the last block, and what is left of the plan."""
         assert self.consumer is not None
         done = {tp: (blocks[-1].last + 1, encode_plan(part.plan))
@@ -416,22 +367,6 @@ class KafkaReceiver:
                 await t  # finishes the batch in hand, commits it (a dead loop: logged)
         if self.consumer is not None:
             await self.consumer.stop()
-
-
-def waves(batches: list[Batch], budget: int) -> list[list[Batch]]:
-    """Consecutive groups of about ``budget`` items (at least one batch each), sent one
-    after the other: a round of a dozen partitions' blocks at once would need a dozen
-    blocks' rows (and the correlator's rows derived from them) in the exporter's queue
-    together, more than it is allowed to hold."""
-    out: list[list[Batch]] = []
-    items = 0
-    for b in batches:
-        if not out or items + len(b) > budget:
-            out.append([])
-            items = 0
-        out[-1].append(b)
-        items += len(b)
-    return out
 
 
 def create(cfg: Config, ctx: Context) -> KafkaReceiver:

@@ -33,12 +33,8 @@ from pipeline.otlp import jsonwire
 from pipeline.otlp.bounds import RecordsLimit
 from pipeline.otlp.profiles import decode_profiles
 from pipeline.otlp.traces import decode_traces
-from pipeline.receivers.http import (
-    BodyTimeout,
-    HttpReceiver,
-    UnsupportedEncoding,
-    read_body,
-)
+from pipeline.receivers.http_body import BodyTimeout, UnsupportedEncoding, read_body
+from pipeline.receivers.http_receiver import HttpReceiver
 from pipeline.receivers.limits import check_items, count_items
 
 ROUTES: dict[str, tuple[str, Any, Any, str]] = {

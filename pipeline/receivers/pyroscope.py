@@ -49,12 +49,8 @@ from pipeline.otlp.bounds import RecordsLimit
 from pipeline.otlp.common import UNKNOWN_SERVICE
 from pipeline.pyroscope import pprof
 from pipeline.pyroscope.messages import PushRequest, PushResponse
-from pipeline.receivers.http import (
-    BodyTimeout,
-    HttpReceiver,
-    UnsupportedEncoding,
-    read_body,
-)
+from pipeline.receivers.http_body import BodyTimeout, UnsupportedEncoding, read_body
+from pipeline.receivers.http_receiver import HttpReceiver
 from pipeline.receivers.limits import check_items
 from pipeline.records import ProfileBatch
 from pipeline.registry import Context, Factory

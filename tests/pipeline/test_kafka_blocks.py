@@ -111,7 +111,7 @@ class TestCut:
 
 class TestWaves:
     def test_groups_of_about_the_budget_in_order(self) -> None:
-        from pipeline.receivers.kafka import waves
+        from pipeline.receivers.kafka_batches import waves
 
         batches = [[0] * n for n in (8, 5, 5, 30, 1, 1)]
         got = waves(batches, 10)  # type: ignore[arg-type]

@@ -16,7 +16,7 @@ queue room only on what was refused, instead of being refused again by its own r
 rows for ever. ClickHouse would drop the repeated insert anyway (same token); this only
 keeps it out of the queue.
 
-**Failures** (``faults.py`` says which is which):
+**Failures** (``faults.py`` says which is which; a generation is ``generation.py``):
 
 * *Permanent* (the rows' values: a number beyond its column, a time beyond ``DateTime``):
   the block is split in halves, recursively, under tokens derived from its own
@@ -25,7 +25,7 @@ keeps it out of the queue.
   (counted as ``quarantined_rows``). A quarantine insert refused permanently too is logged
   with its counts and dropped (``dropped_rows``) rather than wedging the writer. Nothing
   waits on bad rows, and their senders are acknowledged: their data is stored or
-  quarantined.
+  quarantined (``split.py``).
 * *Retryable* (ClickHouse down, disk full, too many parts): the writer enters a failing
   state, a circuit breaker. Until the next attempt is due (exponential backoff from
   ``retry_on_failure.initial_interval`` to ``max_interval``), ``submit`` refuses at once
@@ -59,7 +59,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -67,8 +66,9 @@ from typing import Any
 
 from pipeline.errors import Retryable
 from pipeline.exporters.clickhouse import faults, quarantine
-from pipeline.exporters.clickhouse.quarantine import BadRow, row_count
+from pipeline.exporters.clickhouse.generation import Generation
 from pipeline.exporters.clickhouse.rows import COLUMNS, Columns
+from pipeline.exporters.clickhouse.split import Splitter
 
 # stacks first: a sample is never visible before the stack it references
 TABLE_ORDER = ["profile_stacks", "otel_traces", "profile_samples", "span_attribution",
@@ -81,47 +81,6 @@ INSERTED_TOKENS = 100_000
 # profile_stacks expires stacks by last_seen (migration 7), never one still in use
 STACK_REFRESH_S = 6 * 3600
 WRITTEN_STACKS = 1_000_000  # remembered at most; beyond, forgotten (rewriting is harmless)
-
-
-class _Generation:
-    __slots__ = ("id", "tables", "rows", "done", "stacks", "opened", "inserted", "blocks",
-                 "tokens", "uncertain")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.id = uuid.uuid4().hex
-        self.tables: dict[str, Columns] = {}
-        self.rows = 0
-        self.done: asyncio.Future[None] = loop.create_future()
-        self.stacks: set[int] = set()
-        self.opened = time.monotonic()
-        # insert tokens of the blocks (and split halves) stored: retries skip them
-        self.inserted: set[str] = set()
-        # rows that must be inserted as their own block under a deterministic token (one
-        # Kafka message each): a redelivered message's insert is then dropped by the server
-        self.blocks: list[tuple[str, dict[str, Columns]]] = []
-        self.tokens: set[str] = set()
-        # an attempt failed in a way that may have stored a block all the same
-        self.uncertain = False
-
-    def add(self, tables: dict[str, Columns]) -> None:
-        for table, cols in tables.items():
-            mine = self.tables.get(table)
-            if mine is None:
-                self.tables[table] = {c: list(v) for c, v in cols.items()}
-            else:
-                for c, v in cols.items():
-                    mine[c].extend(v)
-            self.rows += row_count(cols)
-
-    @property
-    def started(self) -> bool:
-        """Whether some of it may be in ClickHouse (then it must keep its tokens)."""
-        return bool(self.inserted) or self.uncertain
-
-    def fail(self, err: Retryable) -> None:
-        if not self.done.done():
-            self.done.set_exception(err)
-        self.done.exception()  # retrieved here so that no caller-less future warns
 
 
 class Writer:
@@ -139,8 +98,10 @@ class Writer:
         self.log = log
         self.metric = metrics
         self.component = component
-        self._gen: _Generation | None = None
-        self._inflight: _Generation | None = None  # the generation being inserted
+        # one block into one table, split and quarantined on values ClickHouse refuses
+        self._split = Splitter(self._insert, metrics, log, component)
+        self._gen: Generation | None = None
+        self._inflight: Generation | None = None  # the generation being inserted
         self._inserted_tokens: OrderedDict[str, None] = OrderedDict()
         self._wake = asyncio.Event()
         self._closing = False
@@ -221,7 +182,7 @@ class Writer:
             raise Retryable(f"clickhouse exporter queue is full ({self.pending_rows} rows "
                             f"pending, max_pending_rows={self.max_pending_rows})", retry_after=2.0)
         if self._gen is None:
-            self._gen = _Generation(asyncio.get_running_loop())
+            self._gen = Generation(asyncio.get_running_loop())
         gen = self._gen
         if token is None:
             gen.add(tables)
@@ -264,7 +225,7 @@ class Writer:
             except TimeoutError:
                 pass
 
-    async def _flush(self, gen: _Generation) -> None:
+    async def _flush(self, gen: Generation) -> None:
         self._inflight = gen
         try:
             await self._insert_all(gen)
@@ -285,7 +246,7 @@ class Writer:
         finally:
             self._inflight = None
 
-    async def _insert_all(self, gen: _Generation) -> None:
+    async def _insert_all(self, gen: Generation) -> None:
         """Insert every block of ``gen``; on a retryable error either give its senders
         ``Retryable`` at once (nothing of it stored) or retry with the same tokens."""
         started = time.monotonic()
@@ -296,7 +257,8 @@ class Writer:
                     for token, tables in [(gen.id, gen.tables), *gen.blocks]:
                         cols = tables.get(table)
                         if cols is not None:
-                            await self._insert_block(gen, table, f"{token}-{table}", cols)
+                            await self._split.insert_block(gen.inserted, table,
+                                                           f"{token}-{table}", cols)
                 return
             except Exception as err:
                 attempt += 1
@@ -316,7 +278,7 @@ class Writer:
                                  code=faults.server_code(err))
                 await asyncio.sleep(delay)
 
-    def _not_stored(self, gen: _Generation, why: str, err: BaseException,
+    def _not_stored(self, gen: Generation, why: str, err: BaseException,
                     attempts: int) -> None:
         """The generation's senders are about to be told to resend: say so, with counts."""
         log = self.log.warning if why == "insert_failed_nothing_stored" else self.log.error
@@ -353,56 +315,6 @@ class Writer:
         self._failing_since = None
         self._delay = float(self.retry.initial_interval)
         self._refuse_until = 0.0
-
-    async def _insert_block(self, gen: _Generation, table: str, tok: str,
-                            cols: Columns) -> None:
-        """Insert one block, splitting it if ClickHouse refuses some of its values; the
-        rows refused on their own are quarantined. Retryable errors propagate."""
-        if tok in gen.inserted:
-            return
-        bad: list[BadRow] = []
-        await self._insert_or_split(gen, table, tok, cols, bad)
-        if bad:
-            await self._quarantine(table, tok, bad)
-        gen.inserted.add(tok)
-
-    async def _insert_or_split(self, gen: _Generation, table: str, tok: str, cols: Columns,
-                               bad: list[BadRow]) -> None:
-        if tok in gen.inserted:
-            return
-        try:
-            await self._insert(table, tok, cols)
-        except Exception as err:
-            if not faults.is_permanent(err):
-                raise
-            if row_count(cols) == 1:
-                bad.append(BadRow(table, quarantine.row_json(table, cols),
-                                  faults.reason(err)))
-                return
-            for i, half in enumerate(quarantine.halves(cols)):
-                await self._insert_or_split(gen, table, f"{tok}/{i}", half, bad)
-            return
-        gen.inserted.add(tok)
-        self.metric(f"sent_rows.{table}", row_count(cols))
-
-    async def _quarantine(self, table: str, tok: str, bad: list[BadRow]) -> None:
-        first = bad[0]
-        fields = dict(table=table, rows=len(bad), reason=first.reason,
-                      row_prefix=first.row[:quarantine.LOG_PREFIX])
-        try:
-            await self._insert(quarantine.TABLE, f"{tok}-quarantine",
-                               quarantine.columns(self.component, bad))
-        except Exception as err:
-            if faults.is_transient(err) and not faults.is_permanent(err):
-                raise  # ClickHouse is down or full: retried with the generation
-            # the quarantine refused too (bad rows, or no quarantine table when the schema
-            # is managed by hand: retrying would hold every client behind them): a log
-            # line is all that is left of these rows
-            self.metric(f"dropped_rows.{table}", len(bad))
-            self.log.error("clickhouse_rows_dropped", error=faults.reason(err), **fields)
-            return
-        self.metric(f"quarantined_rows.{table}", len(bad))
-        self.log.warning("clickhouse_rows_quarantined", **fields)
 
     async def _insert(self, table: str, tok: str, cols: Columns) -> None:
         names = quarantine.QUARANTINE_COLUMNS if table == quarantine.TABLE else COLUMNS[table]

@@ -1,0 +1,89 @@
+"""The ``kafka`` receiver's data path, from fetched messages to the batches it sends on.
+
+Each fetched message becomes a block ``Entry`` (its OTLP request decoded into records, or
+no batch when it is not valid OTLP or holds nothing), a block's entries are merged into one
+batch named by the block's token, and a round's batches are grouped into waves the
+exporter's bounded queue can hold. No consumer and no state here: the receiver
+(``kafka.py``) owns the consumer group, the plans, the waiting and the commits; the blocks
+themselves are cut in ``pipeline.kafka.blocks``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from google.protobuf.message import DecodeError
+from opentelemetry.proto.collector.profiles.v1development import profiles_service_pb2 as pps
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as tps
+
+from pipeline.kafka.blocks import Block, Entry
+from pipeline.otlp.profiles import decode_profiles
+from pipeline.otlp.traces import decode_traces
+from pipeline.records import ProfileBatch, SpanBatch
+
+Batch = SpanBatch | ProfileBatch
+
+
+def decode(signal: str, topic: str, value: bytes, metrics: Counter[str],
+           log: Any) -> SpanBatch | ProfileBatch | None:
+    """One message's records; a message that is not valid OTLP is logged, counted in
+    ``metrics`` and skipped (None), items the decoder refused are counted."""
+    try:
+        if signal == "traces":
+            d: Any = decode_traces(tps.ExportTraceServiceRequest.FromString(value))
+        else:
+            d = decode_profiles(pps.ExportProfilesServiceRequest.FromString(value))
+    except DecodeError as err:
+        metrics["malformed_messages"] += 1
+        log.warning("kafka_message_malformed", topic=topic, error=str(err))
+        return None
+    if d.rejected:
+        metrics[f"refused_{'spans' if signal == 'traces' else 'profiles'}"] += d.rejected
+        log.info("kafka_items_rejected", topic=topic, rejected=d.rejected,
+                 reason=d.message[:300])
+    return d.batch  # type: ignore[no-any-return]
+
+
+def to_entry(signal: str, topic: str, rec: Any, metrics: Counter[str], log: Any) -> Entry:
+    """A fetched record as a block entry; one without items (malformed or empty) keeps
+    its place in the block, with no batch."""
+    batch = decode(signal, topic, rec.value, metrics, log)
+    if batch is not None and not len(batch):
+        batch = None
+    return Entry(rec.offset, rec.value, batch, len(batch) if batch is not None else 0,
+                 rec.timestamp)
+
+
+def merge_block(block: Block, signal: str) -> SpanBatch | ProfileBatch | None:
+    """The messages of one block as one batch named by the block's token; ``parts`` keeps
+    each message's name and size, so that rows derived per message can still name it."""
+    got = [e for e in block.entries if e.batch is not None]
+    if not got:
+        return None
+    parts = [(f"{block.topic}/{block.partition}/{e.offset}", e.items) for e in got]
+    sources = [src for e in got for src in e.batch.sources]
+    if signal == "traces":
+        return SpanBatch([s for e in got for s in e.batch.spans], sources=sources,
+                         origin=block.token, parts=parts)
+    stacks: dict[int, Any] = {}
+    for e in got:
+        stacks.update(e.batch.stacks)
+    return ProfileBatch([x for e in got for x in e.batch.samples], stacks, sources=sources,
+                        origin=block.token, parts=parts)
+
+
+def waves(batches: list[Batch], budget: int) -> list[list[Batch]]:
+    """Consecutive groups of about ``budget`` items (at least one batch each), sent one
+    after the other: a round of a dozen partitions' blocks at once would need a dozen
+    blocks' rows (and the correlator's rows derived from them) in the exporter's queue
+    together, more than it is allowed to hold."""
+    out: list[list[Batch]] = []
+    items = 0
+    for b in batches:
+        if not out or items + len(b) > budget:
+            out.append([])
+            items = 0
+        out[-1].append(b)
+        items += len(b)
+    return out
