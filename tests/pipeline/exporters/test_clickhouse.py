@@ -242,10 +242,10 @@ class TestExporterOnEmbeddedEngine:
     async def test_upgrade_from_migration_1_keeps_old_rows(self, tmp_path: Path) -> None:
         """A database made by the first schema is brought up to date on start, without a
         manual ALTER: old rows stay, new columns read their defaults, new rows fill them."""
-        from pipeline.exporters.clickhouse.schema import bootstrap, migration_1
+        from pipeline.exporters.clickhouse.schema import bootstrap
         with clickhouse(tmp_path / "ch") as ch:
             o = SchemaOptions(ttl_seconds=0)
-            for sql in bootstrap(o) + migration_1(o):
+            for sql in bootstrap(o) + MIGRATIONS[0].render(o):
                 ch.command(sql)
             ch.insert("spanprof.schema_migrations", [[1]], column_names=["version"])
             ch.command("INSERT INTO spanprof.profile_samples (time, service, stack_id, measure,"
