@@ -2,6 +2,11 @@
 
 Exit codes: 0 success, 1 runtime failure (e.g. the API is unreachable), 2 bad configuration
 or bad usage.
+
+``run`` and ``validate`` take the components spanprof ships from
+``pipeline.registry.default_factories()``, which imports them (grpc, aiokafka,
+clickhouse-connect) only when called; the query commands and ``--help`` never do. The
+service is imported in ``cmd_run`` for the same reason (aiohttp, through the admin API).
 """
 
 from __future__ import annotations
@@ -16,15 +21,19 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
+import structlog
+
+from pipeline.config import RawConfig, load_file, schema_hook
 from pipeline.errors import ConfigError
+from pipeline.graph import build
+from pipeline.log import configure, redact
+from pipeline.registry import default_factories
 
 DEFAULT_ADMIN = os.environ.get("SPANPROF_ADMIN", "http://127.0.0.1:13133")
 
 
 def _config_errors(err: ConfigError) -> int:
     """One line per problem, secrets redacted (a client library's error may quote them)."""
-    from pipeline.log import redact
-
     for p in err.problems:
         print(f"error: {redact(p)}", file=sys.stderr)
     return 2
@@ -32,15 +41,11 @@ def _config_errors(err: ConfigError) -> int:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     """Every problem in one run (pipeline.config collects them), exit 2; nothing starts."""
-    from pipeline.config import load_file
-    from pipeline.log import configure
-
     configure("warning")  # build() warns about unused components: on stderr, redacted
+    factories = default_factories()
     try:
-        cfg = load_file(args.config)
-        from pipeline.graph import build
-
-        build(cfg)
+        cfg = load_file(args.config, factories)
+        build(cfg, factories)
     except ConfigError as err:
         return _config_errors(err)
     print(f"{args.config}: ok ({len(cfg.service.pipelines)} pipelines)")
@@ -50,21 +55,18 @@ def cmd_validate(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     """Exit 2 on a configuration problem, including one found at start-up (a port taken,
     ClickHouse unreachable): one line naming the key; 1 if the service fails later."""
-    import structlog
+    from pipeline.service import Service
 
-    from pipeline.config import load_file
-    from pipeline.log import configure
-
+    factories = default_factories()
     try:
-        cfg = load_file(args.config)
+        cfg = load_file(args.config, factories)
     except ConfigError as err:
         return _config_errors(err)
     logs = cfg.service.telemetry.logs
     configure(logs.level, logs.encoding)
-    from pipeline.service import Service
 
     async def main() -> None:
-        await Service(cfg).run()
+        await Service(cfg, factories).run()
 
     try:
         asyncio.run(main())
@@ -231,8 +233,6 @@ def cmd_flamegraph(args: argparse.Namespace) -> int:
 def cmd_schema(args: argparse.Namespace) -> int:
     if args.what == "config":
         import msgspec
-
-        from pipeline.config import RawConfig, schema_hook
 
         print(json.dumps(msgspec.json.schema(RawConfig, schema_hook=schema_hook), indent=2))
         return 0

@@ -1,19 +1,30 @@
-"""The few protocols every component implements, and the fan-out between them.
+"""The few protocols every component implements, what it is built from, and the fan-out.
 
 A batch enters at a receiver and flows forward; ``await consumer.consume(batch)`` returns
 only once every exporter downstream has made it durable, so the receiver can answer its
 client truthfully. Awaiting the call chain *is* the acknowledgement: no side channel to
 keep in sync, and the worst outcome of a fan-out is simply the exception it raises.
+
+A ``Factory`` is a component type: its ``Config`` and how to create it with a ``Context``.
+Which factories exist is not known here: ``pipeline.registry`` lists them, and whoever
+loads a config and builds the graph passes them in (``Factories``).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+import builtins
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, TypeAlias, runtime_checkable
+
+import msgspec
+import structlog
 
 from pipeline.errors import InvalidData, Retryable
-from pipeline.records import Batch
+from pipeline.records import Batch, Signal
+
+Kind = Literal["receiver", "processor", "exporter", "connector"]
 
 
 @runtime_checkable
@@ -28,6 +39,65 @@ class Component(Protocol):
 
     async def shutdown(self) -> None:
         """Stop and flush. Idempotent, and safe without ``start()``."""
+
+
+class Store(Protocol):
+    """Read and write access to the tables an exporter fills (the ``clickhouse`` exporter).
+
+    Given to a connector whose output ends in that exporter (``graph.build``), so that the
+    correlator can keep a checkpoint and, after a crash, reconcile what it held in memory
+    with the raw rows already stored. Components never reach the store otherwise."""
+
+    @property
+    def database(self) -> str: ...
+
+    async def query(self, sql: str, parameters: dict[str, Any] | None = None
+                    ) -> tuple[list[str], list[tuple[Any, ...]]]: ...
+
+    async def insert(self, table: str, data: list[list[Any]], columns: list[str]) -> None: ...
+
+
+@dataclass
+class Context:
+    """What a component is given at construction: who it is and whom it feeds."""
+
+    id: str
+    pipelines: list[str]
+    # receivers / connectors: next consumer per output signal; processors: under its signal
+    next: dict[str, Consumer] = field(default_factory=dict)
+    log: Any = None
+    data_dir: str = "."
+    # connectors feeding a ``clickhouse`` exporter: that exporter (see ``Store``); None
+    # elsewhere, and where the input comes from Kafka (its offsets already give exactly
+    # once); receivers whose pipelines store into one: that exporter (resent requests)
+    store: Store | None = None
+    # receivers, per signal: whether anything downstream reads the records of a batch;
+    # False: every consumer only passes its OTLP requests on (``Factory.records``)
+    records: dict[str, bool] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.log is None:
+            self.log = structlog.get_logger().bind(component=self.id)
+
+
+@dataclass(frozen=True)
+class Factory:
+    type: str
+    kind: Kind
+    config: builtins.type[msgspec.Struct]
+    create: Callable[[Any, Context], Any]
+    # receivers/processors/exporters: the signals they handle; connectors: signals consumed
+    signals: tuple[Signal, ...]
+    # connectors only: the signals they emit
+    emits: tuple[Signal, ...] = ()
+    # reads the records of a batch (spans, samples); False: only ``len`` and its OTLP
+    # ``sources`` (the ``kafka`` exporter, ``memory_limiter``), so that a receiver whose
+    # pipelines hold nothing else validates requests without building records
+    records: bool = True
+
+
+# the component types a config may name, by kind and type name (``pipeline.registry``)
+Factories: TypeAlias = Mapping[Kind, Mapping[str, Factory]]
 
 
 class Fanout:

@@ -4,6 +4,9 @@ One instance per receiver, exporter and connector id (shared by every pipeline n
 processors get one instance per pipeline, as in the Collector. Components are started
 downstream-first and shut down upstream-first (receivers, processors, connectors, then
 exporters), so every stage drains into a stage that is still running.
+
+The factories are the ones the config was loaded with (``pipeline.config.load_file``): the
+caller passes both, so the graph creates exactly the types the config was checked against.
 """
 
 from __future__ import annotations
@@ -13,10 +16,9 @@ from typing import Any
 
 import structlog
 
-from pipeline.component import Consumer, Fanout
+from pipeline.component import Consumer, Context, Factories, Fanout
 from pipeline.config import Config, component_type, signal_of
 from pipeline.errors import ConfigError
-from pipeline.registry import Context, factories
 
 
 @dataclass
@@ -61,8 +63,7 @@ class Graph:
                 structlog.get_logger().exception("shutdown_failed", component=key)
 
 
-def build(cfg: Config) -> Graph:
-    known = factories()
+def build(cfg: Config, factories: Factories) -> Graph:
     pipelines = cfg.service.pipelines
     data_dir = cfg.service.data_dir
     nodes: dict[str, Node] = {}
@@ -85,7 +86,7 @@ def build(cfg: Config) -> Graph:
     def exporter(cid: str) -> Any:
         key = f"exporter:{cid}"
         if key not in nodes:
-            f = known["exporter"][component_type(cid)]
+            f = factories["exporter"][component_type(cid)]
             pids = pipelines_using(cid, "exporters")
             nodes[key] = Node(key, f.create(cfg.exporters[cid],
                                             Context(cid, pids, log=log(cid, pids),
@@ -95,7 +96,7 @@ def build(cfg: Config) -> Graph:
     def connector(cid: str) -> Any:
         key = f"connector:{cid}"
         if key not in nodes:
-            f = known["connector"][component_type(cid)]
+            f = factories["connector"][component_type(cid)]
             outs = pipelines_using(cid, "receivers")
             nxt = {}
             for sig in {signal_of(p) for p in outs}:
@@ -134,8 +135,8 @@ def build(cfg: Config) -> Graph:
     def reads_records(pid: str) -> bool:
         """Whether a component of the pipeline reads records (connectors always do)."""
         p = pipelines[pid]
-        return (any(known["processor"][component_type(c)].records for c in p.processors)
-                or any(c in cfg.connectors or known["exporter"][component_type(c)].records
+        return (any(factories["processor"][component_type(c)].records for c in p.processors)
+                or any(c in cfg.connectors or factories["exporter"][component_type(c)].records
                        for c in p.exporters))
 
     _pipeline_nodes: dict[str, set[str]] = {}
@@ -149,7 +150,7 @@ def build(cfg: Config) -> Graph:
         consumer: Consumer = Fanout(exps, conns) if len(exps) + len(conns) > 1 else \
             (exps or conns)[0]
         for cid in reversed(p.processors):
-            f = known["processor"][component_type(cid)]
+            f = factories["processor"][component_type(cid)]
             key = f"processor:{cid}@{pid}"
             proc = f.create(cfg.processors[cid], Context(cid, [pid], next={signal: consumer},
                                                           log=log(cid, [pid]),
@@ -170,7 +171,7 @@ def build(cfg: Config) -> Graph:
             nxt = {}
             for sig in {signal_of(p) for p in pids}:
                 nxt[sig] = _fan([heads[p] for p in pids if signal_of(p) == sig])
-            f = known["receiver"][component_type(cid)]
+            f = factories["receiver"][component_type(cid)]
             records = {sig: any(reads_records(p) for p in pids if signal_of(p) == sig)
                        for sig in nxt}
             nodes[key] = Node(key, f.create(cfg.receivers[cid],

@@ -1,82 +1,29 @@
 """Component type name -> factory.
 
-Factories live in one explicit list (``FACTORIES`` below) so that ``spanprof validate`` can
-name every valid type, and adding a component touches its own module plus one line here.
+Factories live in one explicit list (``default_factories`` below) so that ``spanprof
+validate`` can name every valid type, and adding a component touches its own module plus
+one line here. Nothing reaches for this list: the CLI calls ``default_factories()`` once and
+passes the result to ``pipeline.config.load_file`` (which types a config may name) and to
+the service (which types the graph builds), so a test can hand both a list of its own.
+
+``Context``, ``Factory`` and ``Store`` are defined in ``pipeline.component``; they are
+imported here too because every component module imports them from here.
 """
 
 from __future__ import annotations
 
-import builtins
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from pipeline.component import Context, Factories, Factory, Kind, Store
 
-import msgspec
-import structlog
-
-from pipeline.component import Consumer
-from pipeline.records import Signal
-
-Kind = Literal["receiver", "processor", "exporter", "connector"]
+__all__ = ["Context", "Factories", "Factory", "Kind", "Store", "default_factories"]
 
 
-class Store(Protocol):
-    """Read and write access to the tables an exporter fills (the ``clickhouse`` exporter).
+def default_factories() -> dict[Kind, dict[str, Factory]]:
+    """Every component spanprof ships, by kind and type name.
 
-    Given to a connector whose output ends in that exporter (``graph.build``), so that the
-    correlator can keep a checkpoint and, after a crash, reconcile what it held in memory
-    with the raw rows already stored. Components never reach the store otherwise."""
-
-    @property
-    def database(self) -> str: ...
-
-    async def query(self, sql: str, parameters: dict[str, Any] | None = None
-                    ) -> tuple[list[str], list[tuple[Any, ...]]]: ...
-
-    async def insert(self, table: str, data: list[list[Any]], columns: list[str]) -> None: ...
-
-
-@dataclass
-class Context:
-    """What a component is given at construction: who it is and whom it feeds."""
-
-    id: str
-    pipelines: list[str]
-    # receivers / connectors: next consumer per output signal; processors: under its signal
-    next: dict[str, Consumer] = field(default_factory=dict)
-    log: Any = None
-    data_dir: str = "."
-    # connectors feeding a ``clickhouse`` exporter: that exporter (see ``Store``); None
-    # elsewhere, and where the input comes from Kafka (its offsets already give exactly
-    # once); receivers whose pipelines store into one: that exporter (resent requests)
-    store: Store | None = None
-    # receivers, per signal: whether anything downstream reads the records of a batch;
-    # False: every consumer only passes its OTLP requests on (``Factory.records``)
-    records: dict[str, bool] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if self.log is None:
-            self.log = structlog.get_logger().bind(component=self.id)
-
-
-@dataclass(frozen=True)
-class Factory:
-    type: str
-    kind: Kind
-    config: builtins.type[msgspec.Struct]
-    create: Callable[[Any, Context], Any]
-    # receivers/processors/exporters: the signals they handle; connectors: signals consumed
-    signals: tuple[Signal, ...]
-    # connectors only: the signals they emit
-    emits: tuple[Signal, ...] = ()
-    # reads the records of a batch (spans, samples); False: only ``len`` and its OTLP
-    # ``sources`` (the ``kafka`` exporter, ``memory_limiter``), so that a receiver whose
-    # pipelines hold nothing else validates requests without building records
-    records: bool = True
-
-
-def factories() -> dict[Kind, dict[str, Factory]]:
-    """All known factories by kind and type name (imported lazily: keeps the CLI fast)."""
+    The component modules are imported here, when a pipeline is loaded, and not at the top:
+    they pull in grpc, aiokafka and clickhouse-connect, which ``spanprof --help`` and the
+    query commands (``top``, ``explain``, ...) never need.
+    """
     from pipeline.exporters.clickhouse.exporter import FACTORY as clickhouse
     from pipeline.exporters.debug import FACTORY as debug
     from pipeline.exporters.kafka import FACTORY as kafka_exporter
@@ -87,11 +34,11 @@ def factories() -> dict[Kind, dict[str, Factory]]:
     from processors.correlate.connector import FACTORY as spancorrelator
     from processors.memory_limiter import FACTORY as memory_limiter
 
-    FACTORIES = [otlp, kafka_receiver, pyroscope, memory_limiter, batch, clickhouse, debug,
+    factories = [otlp, kafka_receiver, pyroscope, memory_limiter, batch, clickhouse, debug,
                  kafka_exporter, spancorrelator]
     out: dict[Kind, dict[str, Factory]] = {
         "receiver": {}, "processor": {}, "exporter": {}, "connector": {}
     }
-    for f in FACTORIES:
+    for f in factories:
         out[f.kind][f.type] = f
     return out

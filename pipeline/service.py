@@ -15,15 +15,17 @@ import signal
 import structlog
 
 from pipeline.admin.server import AdminServer
+from pipeline.component import Factories
 from pipeline.config import Config
 from pipeline.graph import Graph, build
 from pipeline.receivers.http import ServerLimits
 
 
 class Service:
-    def __init__(self, cfg: Config) -> None:
+    def __init__(self, cfg: Config, factories: Factories) -> None:
+        """``factories``: the ones ``cfg`` was loaded with."""
         self.cfg = cfg
-        self.graph: Graph = build(cfg)
+        self.graph: Graph = build(cfg, factories)
         admin = cfg.service.admin
         self.admin = AdminServer(admin.endpoint, self.graph, admin.query_exporter,
                                  limits=ServerLimits.of(admin)) if admin.enabled else None

@@ -17,11 +17,13 @@ import yaml
 
 from pipeline.config import load_text
 from pipeline.otlp.builder import ProfileBuilder
+from pipeline.registry import default_factories
 from tests.conftest import SpanprofProcess, clickhouse, free_port, wait_until
 from tests.e2e.otlp_clients import profiles_stub, sdk_spans
 
 CHART = Path(__file__).resolve().parents[2] / "deploy" / "helm" / "spanprof"
 MS = 1_000_000
+FACTORIES = default_factories()
 
 
 @pytest.fixture(scope="session")
@@ -80,7 +82,7 @@ class TestChart:
             vols = {v["name"]: v for v in pod["spec"]["volumes"]}
             assert vols["config"]["configMap"]["name"] == f"rel-spanprof-{tier}"
             # the config's own admin endpoint is what the probes hit
-            cfg = load_text(pipeline_text(docs, tier), env={})
+            cfg = load_text(pipeline_text(docs, tier), FACTORIES, env={})
             assert cfg.service.admin.endpoint == "0.0.0.0:13133"
         gw = {p["name"]: p["containerPort"] for p in container(docs, "gateway")["ports"]}
         svc = {p["name"]: p for p in docs[("Service", "gateway")]["spec"]["ports"]}
@@ -100,7 +102,7 @@ class TestChart:
                               "memoryLimiter": {"limitPercentage": 70}},
                   "correlator": {"groupId": "g1", "grace": "3s", "replicas": 4}}
         docs = render(helm, tmp_path, values)
-        gw = load_text(pipeline_text(docs, "gateway"), env={})
+        gw = load_text(pipeline_text(docs, "gateway"), FACTORIES, env={})
         kafka_out = gw.exporters["kafka"]
         assert kafka_out.brokers == ["k-0:9092", "k-1:9092"]  # type: ignore[attr-defined]
         assert kafka_out.partitioner == "sarama_compat"  # type: ignore[attr-defined]
@@ -113,7 +115,7 @@ class TestChart:
             "otlp-grpc"]
         # the password is an environment variable from the Secret, never in the ConfigMap
         co = load_text(pipeline_text(docs, "correlator"),
-                       env={"CLICKHOUSE_PASSWORD": "123456"})  # a Secret's value, as is
+                       FACTORIES, env={"CLICKHOUSE_PASSWORD": "123456"})  # a Secret's value, as is
         ch = co.exporters["clickhouse"]
         assert (ch.endpoint, ch.cluster, ch.password) == (  # type: ignore[attr-defined]
             "https://ch.example:8443", "prod", "123456")

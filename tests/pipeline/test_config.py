@@ -11,8 +11,9 @@ import pytest
 
 from pipeline.config import Duration, load_file, load_text
 from pipeline.errors import ConfigError
-from pipeline.registry import factories
+from pipeline.registry import default_factories
 
+FACTORIES = default_factories()
 TESTDATA = Path(__file__).parent / "testdata"
 INVALID = sorted(p for p in TESTDATA.glob("*.yaml") if p.name != "base.yaml")
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,7 +30,7 @@ class TestInvalidConfigs:
     def test_message_names_the_key_path(self, path: Path) -> None:
         """Each invalid case is reported with the exact message, key path first."""
         with pytest.raises(ConfigError) as err:
-            load_file(str(path), env={})
+            load_file(str(path), FACTORIES, env={})
         assert expected(path) in err.value.problems, err.value.problems
 
     def test_all_problems_reported_together(self) -> None:
@@ -37,7 +38,7 @@ class TestInvalidConfigs:
         text = (TESTDATA / "base.yaml").read_text().replace(
             "  clickhouse:\n", "  clickhouse:\n    batch_rows: x\n    bogus: 1\n")
         with pytest.raises(ConfigError) as err:
-            load_text(text + "processors:\n  nope:\n", env={})
+            load_text(text + "processors:\n  nope:\n", FACTORIES, env={})
         problems = err.value.problems
         assert "processors.nope: unknown processor type 'nope' (known: batch, " \
             "memory_limiter)" in problems
@@ -47,14 +48,14 @@ class TestInvalidConfigs:
     def test_not_yaml(self) -> None:
         """A file that is not YAML names the file."""
         with pytest.raises(ConfigError, match=r"^x.yaml: not valid YAML"):
-            load_text("a: [1, 2", source="x.yaml")
+            load_text("a: [1, 2", FACTORIES, source="x.yaml")
 
 
 class TestValidConfigs:
     def test_example_configs_load(self) -> None:
         """Every shipped example pipeline validates."""
         for path in sorted((ROOT / "config").glob("*.yaml")):
-            cfg = load_file(str(path), env={})
+            cfg = load_file(str(path), FACTORIES, env={})
             assert cfg.service.pipelines, path
 
     def test_env_expansion_with_default_and_typed_value(self) -> None:
@@ -64,7 +65,7 @@ class TestValidConfigs:
             "  clickhouse:\n",
             "  clickhouse:\n    batch_rows: ${env:ROWS}\n"
             "    database: ${env:DB:-spanprof_test}\n    password: a$$b${env:PW}\n")
-        cfg = load_text(text, env={"ROWS": "1234", "PW": "secret"})
+        cfg = load_text(text, FACTORIES, env={"ROWS": "1234", "PW": "secret"})
         ch = cfg.exporters["clickhouse"]
         assert ch.batch_rows == 1234
         assert ch.database == "spanprof_test"
@@ -77,7 +78,7 @@ class TestValidConfigs:
             "  clickhouse:\n", "  clickhouse:\n    password: ${env:PW}\n"
             "    batch_rows: ${env:ROWS}\n")
         for pw in ("123456", "true", "#hash", "null", "1.5e3", "- x"):
-            ch = load_text(text, env={"PW": pw, "ROWS": "77"}).exporters["clickhouse"]
+            ch = load_text(text, FACTORIES, env={"PW": pw, "ROWS": "77"}).exporters["clickhouse"]
             assert (ch.password, ch.batch_rows) == (pw, 77)  # type: ignore[attr-defined]
 
     def test_named_instances_and_fanout(self) -> None:
@@ -85,7 +86,7 @@ class TestValidConfigs:
         text = (TESTDATA / "base.yaml").read_text().replace(
             "exporters:\n", "exporters:\n  debug/one:\n  debug/two:\n    verbosity: detailed\n"
         ).replace("exporters: [clickhouse]", "exporters: [clickhouse, debug/one, debug/two]")
-        cfg = load_text(text, env={})
+        cfg = load_text(text, FACTORIES, env={})
         assert cfg.exporters["debug/two"].verbosity == "detailed"
         assert cfg.exporters["debug/one"].verbosity == "basic"
 
@@ -101,22 +102,22 @@ class TestValidConfigs:
         no protocols at all means gRPC alone."""
         text = (TESTDATA / "base.yaml").read_text().replace("  otlp:\n",
                                                             "  otlp:\n" + protocols)
-        g, h = load_text(text, env={}).receivers["otlp"].protocols.enabled()
+        g, h = load_text(text, FACTORIES, env={}).receivers["otlp"].protocols.enabled()
         assert (g and g.endpoint, h and h.endpoint) == (grpc, http)
 
     def test_otlp_without_any_protocol_is_an_error(self) -> None:
         text = (TESTDATA / "base.yaml").read_text().replace("  otlp:\n",
                                                             "  otlp:\n    protocols: {}\n")
         with pytest.raises(ConfigError) as err:
-            load_text(text, env={})
+            load_text(text, FACTORIES, env={})
         assert any("receivers.otlp.protocols: enable at least one protocol" in p
                    for p in err.value.problems), err.value.problems
 
-    @pytest.mark.parametrize("kind,type_", [(k, t) for k, fs in factories().items()
+    @pytest.mark.parametrize("kind,type_", [(k, t) for k, fs in FACTORIES.items()
                                             for t in fs])
     def test_empty_section_decodes_to_defaults(self, kind: str, type_: str) -> None:
         """`{}` (or an empty YAML section) is a complete, valid config for every component."""
-        f = factories()[kind][type_]  # type: ignore[index]
+        f = FACTORIES[kind][type_]  # type: ignore[index]
         cfg = msgspec.convert({}, f.config)
         if hasattr(cfg, "validate"):
             cfg.validate()

@@ -19,7 +19,9 @@ from pipeline.config import check_endpoint, load_text
 from pipeline.errors import ConfigError
 from pipeline.graph import build
 from pipeline.log import forget_secrets, redact, redact_event, remember_secret
+from pipeline.registry import default_factories
 
+FACTORIES = default_factories()
 TESTDATA = Path(__file__).parent / "testdata"
 ROOT = Path(__file__).resolve().parents[2]
 BASE = (TESTDATA / "base.yaml").read_text()
@@ -31,7 +33,7 @@ def with_exporter(lines: str) -> str:
 
 def problems_of(text: str) -> list[str]:
     with pytest.raises(ConfigError) as err:
-        load_text(text, env={})
+        load_text(text, FACTORIES, env={})
     return err.value.problems
 
 
@@ -88,7 +90,7 @@ class TestRanges:
         text = with_exporter("    ttl: 0\n") + "processors:\n  batch:\n    timeout: 0\n"
         cfg = load_text(text.replace("exporters: [clickhouse]",
                                      "processors: [batch]\n      exporters: [clickhouse]"),
-                        env={})
+                        FACTORIES, env={})
         assert cfg.exporters["clickhouse"].ttl == 0
         assert cfg.processors["batch"].timeout == 0
 
@@ -122,7 +124,7 @@ class TestEndpoints:
         assert "service.admin.endpoint: port must be 1-65535 (0: any free port), got 70000" \
             in problems_of(bad)
         off = BASE.replace("service:\n", "service:\n  admin: {enabled: false, endpoint: x}\n")
-        assert load_text(off, env={}).service.admin.enabled is False
+        assert load_text(off, FACTORIES, env={}).service.admin.enabled is False
 
 
 BROKEN = """\
@@ -250,7 +252,7 @@ service: {pipelines: {traces: {receivers: [otlp], exporters: [debug]}}}
                 text = yaml.safe_dump(doc, allow_unicode=True)
                 count += 1
                 try:
-                    build(load_text(text, env={}))
+                    build(load_text(text, FACTORIES, env={}), FACTORIES)
                 except ConfigError as err:
                     assert err.problems and all(p for p in err.problems)
         assert count > 500
@@ -305,7 +307,7 @@ class TestRedaction:
         """After a load, the password and the URL password are masked in any text."""
         text = with_exporter("    endpoint: http://alice:url%40pass1@db:8123\n"
                              "    password: ${env:PW}\n")
-        load_text(text, env={"PW": "envpass1"})
+        load_text(text, FACTORIES, env={"PW": "envpass1"})
         # the URL password as written and as the client is given it (percent-decoded)
         assert redact("x envpass1 url%40pass1 url@pass1 y") == "x *** *** *** y"
 

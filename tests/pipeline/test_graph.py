@@ -8,8 +8,10 @@ import pytest
 
 from pipeline.config import load_file
 from pipeline.graph import build
+from pipeline.registry import default_factories
 
 ROOT = Path(__file__).resolve().parents[2]
+FACTORIES = default_factories()
 
 
 @pytest.mark.parametrize(("config", "records"), [
@@ -22,6 +24,6 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_receivers_build_records_only_when_something_reads_them(
         config: str, records: dict[str, bool], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SPANPROF_KAFKA_BROKERS", "127.0.0.1:1")
-    graph = build(load_file(str(ROOT / "config" / config)))
+    graph = build(load_file(str(ROOT / "config" / config), FACTORIES), FACTORIES)
     otlp = graph.component("receiver", "otlp")
     assert otlp.grpc.ctx.records == records

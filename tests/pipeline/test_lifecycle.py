@@ -9,9 +9,10 @@ import msgspec
 import pytest
 
 from pipeline.records import Batch
-from pipeline.registry import Context, factories
+from pipeline.registry import Context, default_factories
 
-ALL = [(kind, t) for kind, fs in factories().items() for t in fs]
+FACTORIES = default_factories()
+ALL = [(kind, t) for kind, fs in FACTORIES.items() for t in fs]
 
 
 class Sink:
@@ -20,7 +21,7 @@ class Sink:
 
 
 def make(kind: str, type_: str, tmp_path: Path, request: pytest.FixtureRequest) -> object:
-    f = factories()[kind][type_]  # type: ignore[index]
+    f = FACTORIES[kind][type_]  # type: ignore[index]
     raw: dict[str, object] = {}
     if type_ == "otlp":
         raw = {"protocols": {"grpc": {"endpoint": "127.0.0.1:0"}}}

@@ -21,9 +21,10 @@ from pipeline.config import dec_hook, load_text
 from pipeline.errors import ConfigError, Retryable
 from pipeline.graph import build
 from pipeline.records import Batch, Span, SpanBatch
-from pipeline.registry import Context
+from pipeline.registry import Context, default_factories
 from processors.memory_limiter import MIB, Config, MemoryLimiter
 
+FACTORIES = default_factories()
 TRACE = bytes(range(1, 17))
 
 
@@ -98,7 +99,7 @@ class TestConfig:
                 "service: {pipelines: {traces: {receivers: [otlp], "
                 "processors: [memory_limiter], exporters: [debug]}}}\n")
         with pytest.raises(ConfigError) as err:
-            load_text(text, env={})
+            load_text(text, FACTORIES, env={})
         assert err.value.problems == [
             "processors.memory_limiter.check_interval: must be greater than 0 (e.g. 500ms, 10s)",
             "processors.memory_limiter.limit_percentage: expected int <= 100",
@@ -227,7 +228,7 @@ class TestInAPipeline:
         """A real config with memory_limiter first: under the limit an OTLP export is
         accepted; over it (1 MiB: the process is bigger) the client gets UNAVAILABLE, the
         status it retries, and the refused spans are counted."""
-        graph = build(load_text(PIPELINE.format(limit=limit), env={}))
+        graph = build(load_text(PIPELINE.format(limit=limit), FACTORIES, env={}), FACTORIES)
         await graph.start()
         try:
             port = graph.component("receiver", "otlp").grpc.port
