@@ -32,7 +32,13 @@ def _spans_sql(database: str, where: str, tail: str = "") -> str:
        duration_ AS duration_ns, cpu_ AS cpu_ns, incl_ AS inclusive_cpu_ns,
        toUInt64(greatest(0, toInt64(duration_) - toInt64(incl_))) AS off_cpu_ns,
        wall_ AS wall_ns, samples_ AS sample_count, known_ AS span_known, methods_ AS method
-FROM (SELECT t.trace_id AS trace_id, t.span_id AS span_id, max(t.service) AS service_,
+FROM ({_ATTRIBUTED.format(database=database, where=where)})
+{tail}"""
+
+
+# a span's rows over some methods, summed (a span has rows only where CPU or wall time
+# was joined to it; its name and duration are also in otel_traces)
+_ATTRIBUTED = """SELECT t.trace_id AS trace_id, t.span_id AS span_id, max(t.service) AS service_,
              max(t.name) AS name_, max(t.parent_span_id) AS parent_,
              max(t.start_time) AS start_, max(t.duration_ns) AS duration_,
              sum(t.cpu_ns) AS cpu_, sum(t.inclusive_cpu_ns) AS incl_, sum(t.wall_ns) AS wall_,
@@ -40,7 +46,45 @@ FROM (SELECT t.trace_id AS trace_id, t.span_id AS span_id, max(t.service) AS ser
              arrayStringConcat(arraySort(groupUniqArray(t.method)), ',') AS methods_
       FROM {database}.span_attribution_totals AS t
       WHERE {where}
-      GROUP BY t.trace_id, t.span_id)
+      GROUP BY t.trace_id, t.span_id"""
+
+# the spans of otel_traces, one row each (a span delivered twice is stored twice until
+# merged)
+_STORED = """SELECT TraceId AS trace_id, SpanId AS span_id, any(ServiceName) AS service_,
+             any(SpanName) AS name_, any(ParentSpanId) AS parent_, min(Timestamp) AS start_,
+             max(Duration) AS duration_, 1 AS found_
+      FROM {database}.otel_traces
+      WHERE {where}
+      GROUP BY TraceId, SpanId"""
+
+_TOP_COLUMNS = """trace_id, span_id, service, name, parent_span_id,
+       toUnixTimestamp64Nano(start_) AS start_time_unix_nano, duration_ns, cpu_ns,
+       inclusive_cpu_ns, toUInt64(greatest(0, toInt64(duration_ns) - toInt64(inclusive_cpu_ns)))
+       AS off_cpu_ns, wall_ns, sample_count, span_known, method"""
+
+
+def _top_sql(database: str, where: str, service_where: str, tail: str) -> str:
+    """Every span, stored (otel_traces) or attributed (CPU that came for a span never
+    stored): its figures summed over the chosen methods, zero where it has no rows (the
+    longest and the most waiting spans are mostly those without CPU); name and duration
+    from otel_traces first (the rows of CPU that reached its span before the span did
+    carry none)."""
+    return f"""SELECT {_TOP_COLUMNS} FROM (
+  SELECT if(o.found_ = 1, o.trace_id, a.trace_id) AS trace_id,
+         if(o.found_ = 1, o.span_id, a.span_id) AS span_id,
+         if(o.found_ = 1, o.service_, a.service_) AS service,
+         if(o.found_ = 1, o.name_, a.name_) AS name,
+         if(o.found_ = 1, o.parent_, a.parent_) AS parent_span_id,
+         if(o.found_ = 1, o.start_, a.start_) AS start_,
+         if(o.found_ = 1, o.duration_, a.duration_) AS duration_ns,
+         a.cpu_ AS cpu_ns, a.incl_ AS inclusive_cpu_ns, a.wall_ AS wall_ns,
+         a.samples_ AS sample_count, greatest(a.known_, o.found_) AS span_known,
+         a.methods_ AS method
+  FROM ({_STORED.format(database=database, where="1")}) AS o
+  FULL OUTER JOIN ({_ATTRIBUTED.format(database=database, where=where)}) AS a
+    ON a.trace_id = o.trace_id AND a.span_id = o.span_id
+  SETTINGS join_use_nulls = 0)
+WHERE span_known = 1 {service_where}
 {tail}"""
 
 
@@ -72,15 +116,15 @@ async def top_spans(db: Queryable, database: str, order: str = "cpu", limit: int
     order_col = {"cpu": "cpu_ns", "inclusive": "inclusive_cpu_ns", "duration": "duration_ns",
                  "off_cpu": "off_cpu_ns"}[order]
     methods = methods_of(method)
-    where = ["t.method IN {methods:Array(String)}"]
+    where = "t.method IN {methods:Array(String)}"
     params: dict[str, Any] = {"methods": list(methods), "limit": limit}
+    tail = (f"ORDER BY {order_col} DESC, trace_id, span_id "
+            "LIMIT {limit:UInt32}")
     if service:
-        where.append("t.service = {service:String}")
         params["service"] = service
-    cols, rows = await db.query(_spans_sql(
-        database, " AND ".join(where),
-        f"WHERE span_known = 1 ORDER BY {order_col} DESC, trace_id, span_id "
-        "LIMIT {limit:UInt32}"), params)
+    sql = _top_sql(database, where, "AND service = {service:String}" if service else "",
+                   tail)
+    cols, rows = await db.query(sql, params)
     spans = _dicts(cols, rows)
     await _add_top_functions(db, database, spans, methods)
     return spans

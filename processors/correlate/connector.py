@@ -118,11 +118,14 @@ class SpanCorrelator:
             raise Retryable(f"{self.ctx.id}: attribution output is backed up "
                             f"({self.outbox_rows} rows waiting); retry later", retry_after=5.0)
         if isinstance(batch, SpanBatch | ProfileBatch) and batch.origin:
-            # from Kafka: write this block's rows now, before its offsets are committed
-            await self.ctx.next["attributions"].consume(
-                attribute_block(batch, self._seen_spans))
+            # from Kafka: write this block's rows now, before its offsets are committed. A
+            # span block has none (names and durations are in otel_traces): its spans are
+            # remembered to name the operation of later samples' rows
             if isinstance(batch, SpanBatch):
                 span_lookup_add(self._seen_spans, batch, self.cfg.max_entries)
+            else:
+                await self.ctx.next["attributions"].consume(
+                    attribute_block(batch, self._seen_spans))
             return
         now = self.clock()
         if isinstance(batch, SpanBatch):

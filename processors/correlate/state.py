@@ -714,9 +714,11 @@ def random_source() -> int:
 
 
 def _rows(key: Key, info: _SpanInfo | None, acc: _Acc) -> list[Attribution]:
+    """A span's rows: one per method that joined something to it. A span without CPU has
+    none: its name, duration and off-CPU time are read from ``otel_traces``."""
     out = []
     for method, m in acc.by.items():
-        if not (m.cpu_ns or m.wall_ns or m.count or m.incl_cpu) and method != LINK:
+        if not (m.cpu_ns or m.wall_ns or m.count or m.incl_cpu):
             continue
         if info is None:
             out.append(Attribution(key[0], key[1], method, acc.service, "", b"", 0, 0, False,
@@ -727,11 +729,6 @@ def _rows(key: Key, info: _SpanInfo | None, acc: _Acc) -> list[Attribution]:
                                    info.parent_span_id, info.start_ns, info.duration_ns, True,
                                    m.cpu_ns, m.wall_ns, m.count, m.self_cpu, m.self_wall,
                                    random_source(), m.incl_cpu, m.stack_cpu, m.stack_wall))
-    if info is not None and LINK not in acc.by:
-        # a span always has its link row, even without CPU: it carries name and duration
-        out.append(Attribution(key[0], key[1], LINK, info.service, info.name,
-                               info.parent_span_id, info.start_ns, info.duration_ns, True,
-                               0, 0, 0, {}, {}, random_source(), 0))
     return out
 
 
@@ -789,10 +786,7 @@ def attribute_message(batch: SpanBatch | ProfileBatch, source: int,
     per (span, message), whatever crashed where. A span's totals are the sum over messages.
     """
     if isinstance(batch, SpanBatch):
-        rows = [Attribution(s.trace_id, s.span_id, "link", s.service, s.name, s.parent_span_id,
-                            s.start_ns, s.duration_ns, True, 0, 0, 0, {}, {}, source)
-                for s in batch.spans]
-        return AttributionBatch(rows)
+        return AttributionBatch([])  # a span's name and duration are in otel_traces
     accs: dict[Key, _M] = {}
     unlinked: dict[tuple[str, int], _M] = {}
     services: dict[Key, str] = {}

@@ -91,7 +91,7 @@ class TestBeyondLabels:
         # placed by time into the children, though labelled with the root only
         assert (stock["cpu_ns"], ser["cpu_ns"], root["cpu_ns"]) == (20 * MS, 50 * MS, 0)
         assert root["inclusive_cpu_ns"] == 70 * MS
-        assert stock["method"] == "link,link+time"  # its own row, and the placed CPU
+        assert stock["method"] == "link+time"  # the placed CPU (no row without CPU)
         # waiting: off-CPU is the duration less CPU, and the wall profile says where
         assert stock["off_cpu_ns"] == 780 * MS
         assert stock["top_wall_functions"][0] == {"name": "threading.Lock.acquire",

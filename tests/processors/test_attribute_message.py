@@ -35,11 +35,11 @@ class TestAttributeMessage:
         assert [(u.cpu_ns, u.source) for u in out.unattributed] == [(13, 9)]
         assert all(a.source == 9 for a in out.attributions)
 
-    def test_span_rows_carry_metadata_and_no_cpu(self) -> None:
-        """A span message yields one known row per span, with its name and duration."""
+    def test_span_messages_yield_no_rows(self) -> None:
+        """A span without CPU has no attribution row: its name and duration are read from
+        otel_traces."""
         span = Span(T, S1, b"", "GET /", 2, "svc", 10, 60)
-        (row,) = attribute_message(SpanBatch([span]), 5).attributions
-        assert (row.span_known, row.name, row.duration_ns, row.cpu_ns) == (True, "GET /", 50, 0)
+        assert attribute_message(SpanBatch([span]), 5).attributions == []
 
     def test_rows_of_samples_name_spans_the_worker_has_seen(self) -> None:
         """With the spans of earlier messages remembered, sample rows carry their span's

@@ -101,6 +101,12 @@ def spans(*ns: int) -> SpanBatch:
     return SpanBatch([Span(TRACE, sid(n), b"", f"op{n}", 2, "api", 0, 100) for n in ns])
 
 
+async def feed(c: SpanCorrelator, *ns: int) -> None:
+    """Spans with CPU (span n gets n ns): a span without any has no attribution row."""
+    await c.consume(spans(*ns))
+    await c.consume(samples(*((n, n) for n in ns)))
+
+
 def samples(*pairs: tuple[int | None, int]) -> ProfileBatch:
     out = [Sample(TRACE if n is not None else b"", sid(n) if n is not None else b"", "api",
                   0, 1, "cpu", v, 1, "cpu", "nanoseconds") for n, v in pairs]
@@ -127,7 +133,7 @@ class TestFlush:
         await c.consume(spans(1))
         await c.consume(samples((1, 40)))
         clock.t = 5
-        await c.consume(spans(2))
+        await feed(c, 2)
         clock.t = 9.9
         assert await c.flush() is True
         assert fake.calls == 0
@@ -136,7 +142,7 @@ class TestFlush:
         assert fake.cpu_rows() == Counter({(sid(1), 40, True): 1})
         clock.t = 15
         assert await c.flush() is True
-        assert fake.cpu_rows() == Counter({(sid(1), 40, True): 1, (sid(2), 0, True): 1})
+        assert fake.cpu_rows() == Counter({(sid(1), 40, True): 1, (sid(2), 2, True): 1})
         assert c.outbox_rows == 0
 
     async def test_nothing_due_sends_nothing(self) -> None:
@@ -203,24 +209,24 @@ class TestOutbox:
         """If a later outbox batch fails, the batches already accepted are not re-sent."""
         c, fake, clock = make(grace=0)
         fake.fail_times = 1
-        await c.consume(spans(1))
+        await feed(c, 1)
         assert await c.flush() is False          # outbox: [1]
         clock.t = 1
-        await c.consume(spans(2))
+        await feed(c, 2)
         fake.refuse_span = sid(2)
         assert await c.flush() is False          # [1] accepted, [2] refused
-        assert fake.cpu_rows() == Counter({(sid(1), 0, True): 1})
+        assert fake.cpu_rows() == Counter({(sid(1), 1, True): 1})
         assert c.outbox_rows == 1
         fake.refuse_span = None
         assert await c.flush() is True
-        assert fake.cpu_rows() == Counter({(sid(1), 0, True): 1, (sid(2), 0, True): 1})
+        assert fake.cpu_rows() == Counter({(sid(1), 1, True): 1, (sid(2), 2, True): 1})
         assert c.outbox_rows == 0
 
     async def test_send_failure_does_not_raise(self) -> None:
         """flush() reports a refused send with False rather than an exception."""
         c, fake, _ = make(grace=0)
         fake.fail_times = 5
-        await c.consume(spans(1))
+        await feed(c, 1)
         assert await c.flush() is False
         assert await c.flush() is False
         assert c.outbox_rows == 1
@@ -231,7 +237,7 @@ class TestBackpressure:
         """While the outbox holds more than max_entries rows, consume raises Retryable."""
         c, fake, _ = make(grace=0, max_entries=2)
         fake.fail_times = 100
-        await c.consume(spans(1, 2, 3))  # the bound evicts one; all three rows are due
+        await feed(c, 1, 2, 3)  # the bound evicts one; all three rows are due
         assert await c.flush() is False
         assert c.outbox_rows == 3
         before = c.state.stats.samples_in, c.state.stats.spans_in
@@ -251,7 +257,7 @@ class TestBackpressure:
         """Exactly max_entries rows waiting is not yet 'over' the bound."""
         c, fake, _ = make(grace=0, max_entries=3)
         fake.fail_times = 100
-        await c.consume(spans(1, 2, 3))
+        await feed(c, 1, 2, 3)
         assert await c.flush() is False
         assert c.outbox_rows == 3
         await c.consume(spans(4))
@@ -275,7 +281,7 @@ class TestShutdown:
         """A second shutdown() sends nothing more; input after shutdown is refused."""
         c, fake, _ = make()
         await c.start()
-        await c.consume(spans(1))
+        await feed(c, 1)
         await asyncio.wait_for(c.shutdown(), timeout=5)
         calls = fake.calls
         await asyncio.wait_for(c.shutdown(), timeout=5)
@@ -287,9 +293,9 @@ class TestShutdown:
     async def test_without_start(self) -> None:
         """shutdown() without start() is safe, and still flushes what was consumed."""
         c, fake, _ = make()
-        await c.consume(spans(1))
+        await feed(c, 1)
         await asyncio.wait_for(c.shutdown(), timeout=5)
-        assert fake.cpu_rows() == Counter({(sid(1), 0, True): 1})
+        assert fake.cpu_rows() == Counter({(sid(1), 1, True): 1})
         await asyncio.wait_for(c.shutdown(), timeout=5)
 
     async def test_without_start_or_downstream(self) -> None:
@@ -320,13 +326,13 @@ class TestShutdown:
         await c.consume(samples((1, 11)))
         await asyncio.wait_for(fake.entered.wait(), timeout=2)  # the flusher is sending
         clock.t = 1
-        await c.consume(spans(2))  # arrives while the first send is blocked
+        await feed(c, 2)  # arrives while the first send is blocked
         stop = asyncio.create_task(c.shutdown())
         await asyncio.sleep(0.02)
         assert not stop.done()  # waits for the send in flight
         fake.gate.set()
         await asyncio.wait_for(stop, timeout=5)
-        assert fake.cpu_rows() == Counter({(sid(1), 11, True): 1, (sid(2), 0, True): 1})
+        assert fake.cpu_rows() == Counter({(sid(1), 11, True): 1, (sid(2), 2, True): 1})
 
 
 class TestBackgroundFlush:
@@ -334,12 +340,12 @@ class TestBackgroundFlush:
         """After start(), due rows are sent every flush_interval without an explicit flush."""
         c, fake, clock = make(grace=5, flush_interval=0.01)
         await c.start()
-        await c.consume(spans(1))
+        await feed(c, 1)
         await asyncio.sleep(0.05)
         assert fake.calls == 0  # grace has not passed on the fake clock
         clock.t = 5
         await asyncio.wait_for(fake.entered.wait(), timeout=2)
-        assert fake.cpu_rows() == Counter({(sid(1), 0, True): 1})
+        assert fake.cpu_rows() == Counter({(sid(1), 1, True): 1})
         await c.shutdown()
         assert fake.calls == 1
 
@@ -386,14 +392,14 @@ class TestShutdownRace:
         c, fake, _ = make(grace=0)
         fake.gate = asyncio.Event()
         fake.keep_on_entry = True
-        await c.consume(spans(1))
+        await feed(c, 1)
         flushing = asyncio.create_task(c.flush())
         await asyncio.wait_for(fake.entered.wait(), timeout=2)
-        await c.consume(spans(2))
+        await feed(c, 2)
         stop = asyncio.create_task(c.shutdown())
         await asyncio.sleep(0.02)
         assert not stop.done()  # the final flush waits for the one in flight
         fake.gate.set()
         await asyncio.wait_for(asyncio.gather(flushing, stop), timeout=5)
         assert flushing.result() is True
-        assert fake.cpu_rows() == Counter({(sid(1), 0, True): 1, (sid(2), 0, True): 1})
+        assert fake.cpu_rows() == Counter({(sid(1), 1, True): 1, (sid(2), 2, True): 1})

@@ -73,17 +73,18 @@ class TestMigrationFiles:
         assert " TTL " not in create
 
     def test_a_new_migration_is_a_new_file(self, tmp_path: Path) -> None:
-        """A folder with the packaged files plus 0010_*.sql has ten migrations, the tenth
-        applied last."""
+        """A folder with the packaged files plus the next NNNN_*.sql has one migration
+        more, applied last."""
+        n = len(MIGRATIONS)
         for f in PACKAGED.iterdir():
             if f.name.endswith(".sql"):
                 (tmp_path / f.name).write_text(f.read_text(encoding="utf-8"), encoding="utf-8")
-        (tmp_path / "0010_example.sql").write_text(EXAMPLE, encoding="utf-8")
+        (tmp_path / f"{n + 1:04d}_example.sql").write_text(EXAMPLE, encoding="utf-8")
         (tmp_path / "README.md").write_text("not a migration", encoding="utf-8")
         found = load_migrations(tmp_path)
-        assert [m.version for m in found] == list(range(1, 11))
-        assert found[:9] == MIGRATIONS
-        assert found[9].render(SchemaOptions())[0].startswith(
+        assert [m.version for m in found] == list(range(1, n + 2))
+        assert found[:n] == MIGRATIONS
+        assert found[n].render(SchemaOptions())[0].startswith(
             "CREATE TABLE IF NOT EXISTS spanprof.example (")
 
     def test_other_braces_are_left_as_they_are(self) -> None:
