@@ -10,6 +10,7 @@ durable in ClickHouse. Reports spans/s and samples/s, then checks the stored cou
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
@@ -99,6 +100,22 @@ def blast(target: str, method: str, reqs: list[bytes], concurrency: int) -> floa
     return time.perf_counter() - t0
 
 
+def insert_stats(logs: str) -> dict[str, tuple[int, int, int]]:
+    """Per table: (inserts, rows, ms) from the exporter's last words (clickhouse_stopped)."""
+    line = next((ln for ln in reversed(logs.splitlines()) if "clickhouse_stopped" in ln), "{}")
+    try:
+        fields = json.loads(line)
+    except ValueError:
+        fields = {}
+    out = {}
+    for key, value in fields.items():
+        if key.startswith("inserts_"):
+            table = key[len("inserts_"):]
+            out[table] = (int(value), int(fields.get(f"sent_rows_{table}", 0)),
+                          int(fields.get(f"insert_ms_{table}", 0)))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--spans", type=int, default=100_000)
@@ -125,6 +142,7 @@ def main() -> None:
             if p.proc and p.proc.poll() is None:
                 p.proc.kill()
         assert rc == 0, p.logs()[-2000:]
+        inserts = insert_stats(p.logs())
         with clickhouse(p.data) as ch:
             n_spans = ch.query("SELECT count() FROM spanprof.otel_traces").result_rows[0][0]
             n_samples = ch.query("SELECT count() FROM spanprof.profile_samples"
@@ -141,6 +159,12 @@ def main() -> None:
     print(f"  samples  {args.samples:>9} in {t_samples:6.2f}s  -> "
           f"{args.samples / t_samples:>10,.0f} samples/s ({args.samples_per_request}/request)")
     print(f"  drain on SIGTERM (correlator flush + final inserts): {t_stop:.2f}s")
+    total = t_spans + t_samples + t_stop
+    print(f"  end to end, drain included: {args.spans / total:,.0f} spans/s with "
+          f"{args.samples / total:,.0f} samples/s ({total:.2f}s)")
+    print("  ClickHouse inserts, per table: inserts, rows, ms, us/row")
+    for table, (n, rows, ms) in sorted(inserts.items(), key=lambda x: -x[1][2]):
+        print(f"    {table:<18} {n:>6} {rows:>9} {ms:>8} {1000 * ms / max(rows, 1):>7.2f}")
     print(f"  stored: {n_spans} spans, {n_samples} samples, {n_attr} span attributions, "
           f"cpu {cpu / 1e9:.1f}s (expected {args.samples * 0.01:.1f}s)")
     ok = n_spans == args.spans and n_samples == args.samples and \
