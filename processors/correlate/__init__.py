@@ -1,1 +1,6 @@
-"""The span <-> profile join: state (``state.py``) and the connector around it."""
+"""The span <-> profile join: state (``state.py``) and the connector around it.
+
+``connector`` (the component), ``state`` (the join) with ``placement``, ``accumulators``,
+``spans``, ``skew`` and ``sizes``; ``messages`` (the Kafka tier's rows per message);
+``recovery`` (after a crash) with ``reconcile`` and ``readback``.
+"""

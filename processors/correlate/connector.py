@@ -23,7 +23,7 @@ Batches from the Kafka receiver (``origin`` set: one insert block of many messag
 another path: their rows are a pure function of each message, are sent on as one batch
 under the block's name and are written before ``consume`` returns, so that the receiver
 commits the offsets only once the attribution is durable (exactly once after crashes, see
-``state.attribute_block`` and ``pipeline.kafka.blocks``).
+``messages.attribute_block`` and ``pipeline.kafka.blocks``).
 
 Reports that the next stage refuses stay in an outbox and are retried; while the outbox is
 over ``max_entries`` rows, new input is refused with a retryable error (explicit
@@ -50,12 +50,8 @@ from pipeline.errors import ConfigError, Retryable
 from pipeline.records import AttributionBatch, Batch, ProfileBatch, SpanBatch
 from pipeline.registry import Context, Factory, Store
 from processors.correlate import recovery
-from processors.correlate.state import (
-    CorrelatorState,
-    SpanLookup,
-    attribute_block,
-    span_lookup_add,
-)
+from processors.correlate.messages import SpanLookup, attribute_block, span_lookup_add
+from processors.correlate.state import CorrelatorState
 
 OUTBOX_CHUNK = 50_000  # attribution rows per batch sent on (each fans out to function and
 # stack rows): one insert per table; small ones cost 5x more per row (fixed cost per part)

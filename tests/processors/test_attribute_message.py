@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pipeline.records import ProfileBatch, Sample, Span, SpanBatch, Stack
-from processors.correlate.state import attribute_message, source_id
+from processors.correlate.messages import attribute_message, source_id
 
 T, S1, S2 = b"\x01" * 16, b"\x02" * 8, b"\x03" * 8
 
@@ -46,7 +46,7 @@ class TestAttributeMessage:
         operation and time (not span-only ones: their key must not depend on the worker),
         so their CPU reaches the per-operation aggregates; unknown spans stay unknown; the
         memory is bounded."""
-        from processors.correlate.state import SpanLookup, span_lookup_add
+        from processors.correlate.messages import SpanLookup, span_lookup_add
 
         seen: SpanLookup = {}
         span_lookup_add(seen, SpanBatch([Span(T, S1, b"", "GET /", 2, "svc", 10, 60),

@@ -21,7 +21,8 @@ from pipeline.records import (
     Span,
     Stack,
 )
-from processors.correlate.state import MINUTE_NS, UNKNOWN_FRAME, CorrelatorState
+from processors.correlate.accumulators import MINUTE_NS, UNKNOWN_FRAME
+from processors.correlate.state import CorrelatorState
 
 TRACE = bytes(range(1, 17))
 OTHER_TRACE = bytes(range(101, 117))

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from pipeline.records import Attribution, ProfileBatch, Sample, Span, Stack
-from processors.correlate.recovery import APPROX_METHODS, UNATTRIBUTED, Stored, deltas, expected
-from processors.correlate.state import MINUTE_NS, CorrelatorState
+from processors.correlate.accumulators import MINUTE_NS
+from processors.correlate.reconcile import APPROX_METHODS, UNATTRIBUTED, Stored, deltas, expected
+from processors.correlate.state import CorrelatorState
 
 T, S1, S2 = b"t" * 16, b"a" * 8, b"b" * 8
 

@@ -10,13 +10,8 @@ from pathlib import Path
 from pipeline.exporters.clickhouse.exporter import ClickHouseExporter, Config
 from pipeline.records import ProfileBatch, Sample, Span, SpanBatch, Stack
 from pipeline.registry import Context
-from processors.correlate.state import (
-    CorrelatorState,
-    SpanLookup,
-    attribute_block,
-    source_id,
-    span_lookup_add,
-)
+from processors.correlate.messages import SpanLookup, attribute_block, source_id, span_lookup_add
+from processors.correlate.state import CorrelatorState
 
 MS = 1_000_000
 T0 = 1_700_000_000 * 1_000_000_000

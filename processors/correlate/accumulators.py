@@ -1,0 +1,119 @@
+"""What the correlator joins to a span between two reports: per-method accumulators.
+
+A span's report is one row per ``method`` (how its samples found it, see ``placement``);
+each row carries self CPU and wall time, sample counts, inclusive CPU, and self time per
+leaf function and per stack (flame graphs). ``Acc`` holds those for one span (or orphan
+label, or a service's unattributed minute) until it is reported; ``add`` adds one sample.
+Each accumulator knows its size in items (``ITEM_BYTES`` each), which the memory bound of
+``CorrelatorState`` counts.
+"""
+
+from __future__ import annotations
+
+from pipeline.records import ProfileBatch, Sample
+from processors.correlate.sizes import METHOD_ITEMS
+
+Key = tuple[bytes, bytes]  # (trace_id, span_id)
+MINUTE_NS = 60_000_000_000
+UNKNOWN_FRAME = "[unknown]"
+LINK, LINK_TIME, THREAD, WINDOW = "link", "link+time", "thread", "window"
+EXACT_METHODS = (LINK, LINK_TIME)
+
+
+class M:
+    """What one method contributed to one span since it was last reported."""
+
+    __slots__ = ("cpu_ns", "wall_ns", "count", "incl_cpu", "self_cpu", "self_wall",
+                 "stack_cpu", "stack_wall")
+
+    def __init__(self) -> None:
+        self.cpu_ns = 0
+        self.wall_ns = 0
+        self.count = 0
+        self.incl_cpu = 0
+        self.self_cpu: dict[str, int] = {}  # leaf function -> ns
+        self.self_wall: dict[str, int] = {}
+        self.stack_cpu: dict[int, int] = {}  # stack id -> ns (flame graphs)
+        self.stack_wall: dict[int, int] = {}
+
+
+class Acc:
+    """CPU and wall time joined to one span since it was last reported, per method."""
+
+    __slots__ = ("by", "since", "service")
+
+    def __init__(self, since: float, service: str = "") -> None:
+        self.by: dict[str, M] = {}
+        self.since = since
+        self.service = service
+
+    def items(self) -> int:
+        """Size in ``ITEM_BYTES``: methods and their function and stack entries."""
+        return sum(METHOD_ITEMS + len(m.self_cpu) + len(m.self_wall) + len(m.stack_cpu)
+                   + len(m.stack_wall) for m in self.by.values())
+
+    def add(self, method: str, measure: str, value: int, count: int, leaf: str | None,
+            stack: int = 0) -> int:
+        """Add a sample under ``method``; how many items (``items``) that created."""
+        m = self.by.get(method)
+        new = 0
+        if m is None:
+            m = self.by[method] = M()
+            new = METHOD_ITEMS
+        return new + add(m, measure, value, count, leaf, stack)
+
+    def m(self, method: str) -> M:
+        got = self.by.get(method)
+        if got is None:
+            got = self.by[method] = M()
+        return got
+
+    def merge(self, other: Acc) -> None:
+        for method, o in other.by.items():
+            m = self.m(method)
+            m.cpu_ns += o.cpu_ns
+            m.wall_ns += o.wall_ns
+            m.count += o.count
+            m.incl_cpu += o.incl_cpu
+            for d, od in ((m.self_cpu, o.self_cpu), (m.self_wall, o.self_wall)):
+                for k, v in od.items():
+                    d[k] = d.get(k, 0) + v
+            for sd, osd in ((m.stack_cpu, o.stack_cpu), (m.stack_wall, o.stack_wall)):
+                for sk, sv in osd.items():
+                    sd[sk] = sd.get(sk, 0) + sv
+
+
+def add(m: M, measure: str, value: int, count: int, leaf: str | None,
+        stack: int = 0) -> int:
+    """Add a sample to ``m``; how many function and stack entries that created."""
+    if measure == "cpu":
+        m.cpu_ns += value
+        m.incl_cpu += value
+        m.count += count
+        if leaf is None:
+            return 0
+        fns, stacks = m.self_cpu, m.stack_cpu
+    else:
+        m.wall_ns += value
+        if leaf is None:
+            return 0
+        fns, stacks = m.self_wall, m.stack_wall
+    new = 0
+    got = fns.get(leaf)
+    if got is None:
+        fns[leaf] = value
+        new += 1
+    else:
+        fns[leaf] = got + value
+    got = stacks.get(stack)
+    if got is None:
+        stacks[stack] = value
+        new += 1
+    else:
+        stacks[stack] = got + value
+    return new
+
+
+def leaf_of(batch: ProfileBatch, smp: Sample) -> str:
+    stack = batch.stacks.get(smp.stack_id)
+    return stack.functions[0] if stack is not None and stack.functions else UNKNOWN_FRAME

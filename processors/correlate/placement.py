@@ -1,0 +1,221 @@
+"""How the correlator places a sample in a span: the ``method`` its row says.
+
+* ``link``      - the sample's link / span label names the span (exact);
+* ``link+time`` - a timed sample labelled with a local root span goes to the deepest span of
+                  that trace and service open at its instant, on its thread when both say
+                  (``thread.id``); where child spans overlap and the thread does not tell
+                  them apart, it stays on the deepest span that is unambiguous (``deepest``);
+* ``thread``    - an unlabelled timed sample, matched by process (service, host, pid) and
+                  thread to the innermost span running on that thread at that instant;
+* ``window``    - an unlabelled timed sample where threads are unknown: shared equally by the
+                  innermost spans of the process open at that instant (approximate).
+
+A sample placed in a span is credited to it (self) and to its known ancestors in the same
+service (inclusive CPU); a sample of a span not seen yet waits as an orphan, and one that
+no known span explains is counted as unattributed, per service and minute.
+
+``Placement`` holds these methods of ``CorrelatorState``; the tables they read and write
+are the state's, declared here for the type checker only.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from pipeline.records import Sample
+from processors.correlate.accumulators import (
+    LINK,
+    LINK_TIME,
+    MINUTE_NS,
+    THREAD,
+    WINDOW,
+    Acc,
+    Key,
+    add,
+)
+from processors.correlate.sizes import METHOD_ITEMS
+from processors.correlate.spans import SLOT_NS, Orphan, Pending, SpanInfo, Tree
+
+if TYPE_CHECKING:
+    from collections import OrderedDict
+
+    from processors.correlate.skew import Skew
+    from processors.correlate.state import Stats
+
+
+class Placement:
+    """Placing samples in known spans: a part of ``CorrelatorState`` (see the module)."""
+
+    spans: dict[Key, Pending]
+    orphans: dict[Key, Orphan]
+    emitted: OrderedDict[Key, tuple[float, SpanInfo]]
+    late: dict[Key, Pending]
+    unattributed: dict[tuple[str, int], Acc]
+    trees: dict[bytes, Tree]
+    slots: dict[tuple[str, int], dict[Key, None]]
+    skews: dict[tuple[str, int, str], Skew]
+    trace_of: dict[bytes, bytes]
+    stats: Stats
+    _orphan_timed: int
+    _items: int
+
+    def _resolve(self, smp: Sample) -> Sample:
+        """A span-only sample of a known span, given its trace."""
+        if not smp.trace_id and smp.span_id:
+            tid = self.trace_of.get(smp.span_id)
+            if tid is not None:
+                return msgspec.structs.replace(smp, trace_id=tid)
+        return smp
+
+    def _acc_of(self, key: Key, now: float) -> Acc | None:
+        """The accumulator of a known span: held, or (reported) its late entry."""
+        pending = self.spans.get(key)
+        if pending is not None:
+            return pending.acc
+        em = self.emitted.get(key)
+        if em is None:
+            return None
+        late = self.late.get(key)
+        if late is None:
+            late = self.late[key] = Pending(em[1], Acc(now, em[1].service), now)
+        return late.acc
+
+    def _info(self, key: Key) -> SpanInfo | None:
+        tree = self.trees.get(key[0])
+        return tree.spans.get(key[1]) if tree is not None else None
+
+    def _credit(self, key: Key, method: str, smp: Sample, value: int, count: int,
+                leaf: str, now: float) -> None:
+        """Add a sample's value to a known span (self) and its known ancestors in the same
+        service (inclusive)."""
+        acc = self._acc_of(key, now)
+        assert acc is not None
+        self._items += acc.add(method, smp.measure, value, count, leaf, smp.stack_id)
+        if smp.measure != "cpu":
+            return
+        tree = self.trees.get(key[0])
+        info = tree.spans.get(key[1]) if tree is not None else None
+        seen = {key[1]}
+        while tree is not None and info is not None and info.parent_span_id:
+            parent_id = info.parent_span_id
+            parent = tree.spans.get(parent_id)
+            if parent is None or parent.service != info.service or parent_id in seen:
+                break
+            seen.add(parent_id)
+            pacc = self._acc_of((key[0], parent_id), now)
+            if pacc is None:
+                break
+            methods = len(pacc.by)
+            pacc.m(method).incl_cpu += value
+            self._items += METHOD_ITEMS * (len(pacc.by) - methods)
+            info = parent
+
+    def _add_linked(self, smp: Sample, leaf: str, now: float) -> None:
+        smp = self._resolve(smp)
+        key = (smp.trace_id, smp.span_id)
+        if self._acc_of(key, now) is not None:
+            self._credit(key, LINK, smp, smp.value, smp.count, leaf, now)
+            return
+        orphan = self.orphans.get(key)
+        if orphan is None:
+            orphan = self.orphans[key] = Orphan(Acc(now, smp.service))
+        self._items += orphan.acc.add(LINK, smp.measure, smp.value, smp.count, leaf,
+                                      smp.stack_id)
+
+    def _skew_of(self, smp: Sample) -> int:
+        sk = self.skews.get((smp.service, smp.pid, smp.host))
+        return sk.estimate if sk is not None else 0
+
+    def _place_linked(self, smp: Sample, leaf: str, now: float) -> None:
+        """A timed, labelled sample: into the deepest span open at its instant."""
+        smp = self._resolve(smp)
+        key = (smp.trace_id, smp.span_id)
+        tree = self.trees.get(smp.trace_id)
+        label = tree.spans.get(smp.span_id) if tree is not None else None
+        if tree is None or label is None:
+            orphan = self.orphans.get(key)
+            if orphan is None:
+                orphan = self.orphans[key] = Orphan(Acc(now, smp.service))
+            orphan.timed.append((smp, leaf))
+            self._orphan_timed += 1
+            return
+        t = smp.time_ns - self._skew_of(smp)
+        target = deepest(tree, smp.span_id, label, t, smp.thread_id)
+        if target == smp.span_id:
+            self._credit(key, LINK, smp, smp.value, smp.count, leaf, now)
+        else:
+            self.stats.samples_placed_in_child += 1
+            self._credit((smp.trace_id, target), LINK_TIME, smp, smp.value, smp.count, leaf,
+                         now)
+
+    def _place_unlinked(self, smp: Sample, leaf: str, now: float) -> None:
+        """A timed sample without a label: by process and thread, else by time window."""
+        t = smp.time_ns - self._skew_of(smp)
+        open_: list[tuple[Key, SpanInfo]] = []
+        for key in self.slots.get((smp.service, t // SLOT_NS), ()):
+            info = self._info(key)
+            if info is None or not info.start_ns <= t < info.end_ns:
+                continue
+            if smp.pid and info.pid and smp.pid != info.pid:
+                continue
+            if smp.host and info.host and smp.host != info.host:
+                continue
+            open_.append((key, info))
+        if not open_:
+            self._unattributed(smp, now)
+            return
+        if any(info.thread_id for _, info in open_):
+            if not smp.thread_id:
+                on_thread: list[tuple[Key, SpanInfo]] = []
+            else:
+                on_thread = [(k, i) for k, i in open_ if i.thread_id == smp.thread_id]
+            if smp.thread_id and on_thread:
+                # the innermost span running on that thread: the latest to have started
+                key = max(on_thread, key=lambda ki: (ki[1].start_ns, -ki[1].duration_ns))[0]
+                self.stats.samples_by_thread += 1
+                self._credit(key, THREAD, smp, smp.value, smp.count, leaf, now)
+                return
+            if smp.thread_id:
+                self._unattributed(smp, now)  # its thread ran none of the known spans
+                return
+        # only time is known: the innermost open spans share it (approximate)
+        parents = {(k[0], i.parent_span_id) for k, i in open_}
+        leaves = sorted(k for k, _ in open_ if k not in parents)
+        n = len(leaves)
+        self.stats.samples_by_window += 1
+        for i, key in enumerate(leaves):
+            share = smp.value // n + (1 if i < smp.value % n else 0)
+            ticks = smp.count // n + (1 if i < smp.count % n else 0)
+            if share or ticks:
+                self._credit(key, WINDOW, smp, share, ticks, leaf, now)
+
+    def _unattributed(self, smp: Sample, now: float) -> None:
+        ukey = (smp.service, smp.time_ns - smp.time_ns % MINUTE_NS)
+        acc = self.unattributed.get(ukey)
+        if acc is None:
+            acc = self.unattributed[ukey] = Acc(now, smp.service)
+        add(acc.m(LINK), smp.measure, smp.value, smp.count, None)
+
+
+def deepest(tree: Tree, span_id: bytes, info: SpanInfo, t: int, thread: int) -> bytes:
+    """From the labelled span down: the deepest span of its service open at ``t``,
+    descending only while the choice is unambiguous (on ``thread`` when spans say theirs)."""
+    seen = {span_id}
+    while True:
+        open_ = []
+        for cid in tree.children(span_id):
+            c = tree.spans[cid]
+            if c.service == info.service and c.start_ns <= t < c.end_ns and cid not in seen:
+                open_.append((cid, c))
+        if thread and len(open_) > 1:
+            same = [(cid, c) for cid, c in open_ if c.thread_id == thread]
+            unknown = [(cid, c) for cid, c in open_ if not c.thread_id]
+            open_ = same if same else unknown
+        elif thread:
+            open_ = [(cid, c) for cid, c in open_ if not c.thread_id or c.thread_id == thread]
+        if len(open_) != 1:
+            return span_id
+        span_id, info = open_[0]
+        seen.add(span_id)

@@ -1,0 +1,75 @@
+"""What the correlator keeps of a span, and the entries that hold a span's data.
+
+``SpanInfo`` is what a sample's row needs of its span (operation, parent, time) and what
+placement needs (thread, process); ``Tree`` the known spans of one trace, walked from a
+span to its children and ancestors; ``Pending`` a span (held for ``grace``, or reported and
+receiving late samples) with what has been joined to it; ``Orphan`` the samples of a span
+not seen yet. ``SLOT_NS`` and ``MAX_SLOTS`` shape the time index of known spans, by
+service and second, in which unlabelled samples find the spans open at their instant.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pipeline.records import Sample
+from processors.correlate.accumulators import Acc
+
+SLOT_NS = 1_000_000_000  # the time index for unlabelled samples: one-second slots
+MAX_SLOTS = 3600  # a span longer than an hour is matched in its first hour only
+
+
+@dataclass(slots=True)
+class SpanInfo:
+    service: str
+    name: str
+    parent_span_id: bytes
+    start_ns: int
+    duration_ns: int
+    thread_id: int = 0
+    pid: int = 0
+    host: str = ""
+
+    @property
+    def end_ns(self) -> int:
+        return self.start_ns + self.duration_ns
+
+
+@dataclass(slots=True)
+class Pending:
+    info: SpanInfo
+    acc: Acc
+    ready_at: float
+
+
+class Tree:
+    """The known spans of one trace, with a children index built when first needed."""
+
+    __slots__ = ("spans", "_children")
+
+    def __init__(self) -> None:
+        self.spans: dict[bytes, SpanInfo] = {}
+        self._children: dict[bytes, list[bytes]] | None = None
+
+    def add(self, span_id: bytes, info: SpanInfo) -> None:
+        self.spans[span_id] = info
+        self._children = None
+
+    def remove(self, span_id: bytes) -> None:
+        self.spans.pop(span_id, None)
+        self._children = None
+
+    def children(self, span_id: bytes) -> list[bytes]:
+        if self._children is None:
+            ch: dict[bytes, list[bytes]] = {}
+            for sid, info in self.spans.items():
+                if info.parent_span_id:
+                    ch.setdefault(info.parent_span_id, []).append(sid)
+            self._children = ch
+        return self._children.get(span_id, [])
+
+
+@dataclass(slots=True)
+class Orphan:
+    acc: Acc
+    timed: list[tuple[Sample, str]] = field(default_factory=list)  # placed when the span comes
