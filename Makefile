@@ -40,6 +40,7 @@ fuzz: venv
 # faults under load (disk full, ClickHouse down, SIGKILL, poison): acknowledged = stored = attributed
 faults: venv
 	$(BIN)/python bench/faults.py
+	$(BIN)/python bench/faults.py --queue
 
 lint: venv
 	$(BIN)/ruff check pipeline processors tests bench

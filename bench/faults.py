@@ -22,6 +22,7 @@ single call, from sending to an answer of any kind).
 
     python bench/faults.py                 # the full run (about 3 minutes)
     python bench/faults.py --quick         # shorter phases
+    python bench/faults.py --queue         # with the exporter's sending queue (make run's)
 """
 
 from __future__ import annotations
@@ -261,6 +262,8 @@ def main() -> None:
     ap.add_argument("--down", type=float, default=60.0)
     ap.add_argument("--steady", type=float, default=10.0)
     ap.add_argument("--server-log", type=Path, help="keep the server's log there")
+    ap.add_argument("--queue", action="store_true",
+                    help="the exporter's sending queue on (logged on the same small disk)")
     args = ap.parse_args()
     if args.quick:
         args.disk_full, args.down, args.steady = 10.0, 15.0, 5.0
@@ -272,7 +275,11 @@ def main() -> None:
         failpoints = tmp / "failpoints"
         failpoints.mkdir()
         os.environ["SPANPROF_FAILPOINTS"] = str(failpoints)
-        p = SpanprofProcess(tmp, exporter_extra="unhealthy_after: 5s")
+        extra = "unhealthy_after: 5s"
+        if args.queue:
+            where = disk if mounted else tmp
+            extra += f"\n    sending_queue: {{enabled: true, directory: {where / 'queue'}}}"
+        p = SpanprofProcess(tmp, exporter_extra=extra)
         if mounted:  # the engine's files on the small file system
             p.data = disk / "data"
             p.config.write_text(p.config.read_text().replace(str(tmp / "data"), str(p.data)))

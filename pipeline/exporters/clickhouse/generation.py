@@ -15,7 +15,7 @@ import uuid
 
 from pipeline.errors import Retryable
 from pipeline.exporters.clickhouse.quarantine import row_count
-from pipeline.exporters.clickhouse.rows import Columns
+from pipeline.exporters.clickhouse.rows import Columns, extend
 
 
 class Generation:
@@ -42,14 +42,8 @@ class Generation:
         self.uncertain = False
 
     def add(self, tables: dict[str, Columns]) -> None:
-        for table, cols in tables.items():
-            mine = self.tables.get(table)
-            if mine is None:
-                self.tables[table] = {c: list(v) for c, v in cols.items()}
-            else:
-                for c, v in cols.items():
-                    mine[c].extend(v)
-            self.rows += row_count(cols)
+        extend(self.tables, tables)
+        self.rows += sum(row_count(cols) for cols in tables.values())
 
     @property
     def started(self) -> bool:

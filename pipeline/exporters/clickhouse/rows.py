@@ -41,6 +41,18 @@ COLUMNS = {
 }
 
 
+def extend(into: dict[str, Columns], tables: dict[str, Columns]) -> None:
+    """Append the rows of ``tables`` to ``into``, table by table (the columns are copied
+    the first time a table is seen, so the batches given are never changed)."""
+    for table, cols in tables.items():
+        mine = into.get(table)
+        if mine is None:
+            into[table] = {c: list(v) for c, v in cols.items()}
+        else:
+            for c, v in cols.items():
+                mine[c].extend(v)
+
+
 def _request_ids(runs: list[tuple[int, int]], n: int) -> list[object]:
     """One request id per row, from the batch's runs (0 where the batch names none)."""
     if not runs:

@@ -1,0 +1,411 @@
+"""The sending queue: batches acknowledged once they are in a local log, inserted behind.
+
+Without it a client's request is acknowledged when its rows are in ClickHouse, so every
+acknowledgement waits for an insert (tens of milliseconds even for a few rows: each insert
+writes a part into every table and view) and inserts are as small as the traffic is thin.
+With it (``sending_queue: {enabled: true}``) ``put`` appends the batch's rows to a log on
+local disk and returns once an ``fsync`` covers them (one ``fsync`` for every batch that
+came meanwhile: group commit); a drainer inserts what the log holds in large groups, in
+order, through the writer (its retries, circuit breaker and quarantine).
+
+Exactly once across crashes. Before it inserts a group, the drainer logs a *group* record
+(its records' sequence numbers and a fresh random token) and fsyncs it; after the insert, a
+*done* record. After a crash, the log is read back: the records of groups not done are
+inserted again as the very same groups under the same tokens (ClickHouse drops a block it
+already has under that token, ``insert_deduplication_token``), the records of no group
+form new groups. ``open`` does all that before returning: the exporter starts before the
+correlator, whose crash recovery reads what is stored (processors/correlate/recovery.py).
+
+The log is a series of numbered segment files (``queue_log.py`` has their format). A
+record that does not check out ends its segment (a torn write: it was never
+acknowledged). Segments are deleted oldest first once every record and group in them is
+done. ``max_mib`` bounds what is waiting: beyond it ``put`` refuses with a retryable error
+(explicit backpressure), as it does when the disk refuses a write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import msgspec
+
+from pipeline.errors import Retryable
+from pipeline.exporters.clickhouse.queue_log import (
+    DATA,
+    DONE,
+    GROUP,
+    Group,
+    QueueError,
+    Record,
+    Scan,
+    Segment,
+    encode,
+    record,
+    segment_path,
+    segments,
+)
+from pipeline.exporters.clickhouse.rows import Columns, extend
+
+SEGMENT_BYTES = 64 << 20
+MAX_RECORD_BYTES = 1 << 30
+MAX_GROUP_ROWS = 200_000  # rows per insert group (beyond, the next group takes the rest)
+
+
+class SendingQueue:
+    def __init__(self, directory: str, max_bytes: int, batch_rows: int,
+                 flush_interval: float,
+                 submit: Callable[[dict[str, Columns], int, set[int], str], Any],
+                 log: Any, metric: Callable[[str, int], None]) -> None:
+        self.directory = directory
+        self.max_bytes = max_bytes
+        self.batch_rows = batch_rows
+        self.flush_interval = flush_interval
+        self._submit = submit
+        self.log = log
+        self.metric = metric
+        self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="queue-fsync")
+        self._records: dict[int, Record] = {}  # waiting, by sequence number (in order)
+        self._groups: list[Group] = []  # logged, not done (from before a crash)
+        self._group_of: dict[int, int] = {}  # seq -> gid, for logged groups
+        self._segments: list[Segment] = []
+        self._fd = -1
+        self._offset = 0
+        self._next_seq = 1
+        self._next_gid = 1
+        self._written = 0  # appends so far, and how many of them an fsync covers
+        self._synced = 0
+        self._sync_task: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+        self._emptied = asyncio.Event()
+        self._close_ev = asyncio.Event()  # wakes a drainer waiting to retry
+        self._closing = False
+        self._give_up_at: float | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.waiting_bytes = 0
+        self.waiting_rows = 0
+
+    def __repr__(self) -> str:
+        return (f"<SendingQueue {self.directory} records={len(self._records)} "
+                f"bytes={self.waiting_bytes}>")
+
+    # ---- start: read the log back --------------------------------------------------------
+
+    async def open(self, replay_timeout: float) -> None:
+        """Read the log; insert what it holds that is not done (the groups logged before a
+        crash as they were), waiting up to ``replay_timeout`` for it; then take new
+        batches."""
+        try:
+            os.makedirs(self.directory, exist_ok=True)
+            await asyncio.get_running_loop().run_in_executor(self._io, self._read_all)
+            self._new_segment()
+        except OSError as err:
+            raise QueueError(f"cannot use {self.directory}: {err}") from err
+        replayed = len(self._records)
+        self._task = asyncio.create_task(self._drain(), name=f"queue-{self.directory}")
+        if replayed:
+            self.log.info("queue_replay", records=replayed, groups=len(self._groups),
+                          bytes=self.waiting_bytes, directory=self.directory)
+            try:
+                await asyncio.wait_for(self.wait_empty(), timeout=replay_timeout)
+                self.log.info("queue_replayed", records=replayed)
+            except TimeoutError:
+                # ClickHouse refuses for now: the drainer goes on; what the correlator's
+                # crash recovery reads may lack these rows
+                self.log.warning("queue_replay_incomplete", records=len(self._records),
+                                 waited_s=replay_timeout)
+
+    def _read_all(self) -> None:
+        done: set[int] = set()
+        groups: dict[int, Group] = {}
+        for number, path in segments(self.directory):
+            seg = Segment(number, path)
+            self._segments.append(seg)
+            with open(path, "rb") as f:
+                data = f.read()
+            scan = Scan(data)
+            try:
+                for kind, payload, size in scan:
+                    self._apply(kind, payload, seg, size, groups, done)
+            except (msgspec.DecodeError, ValueError, TypeError, KeyError) as err:
+                raise QueueError(f"{path}: record at byte {scan.end} cannot be read: "
+                                 f"{err}") from err
+            at = scan.end
+            if at != len(data):
+                self.log.warning("queue_torn_tail", segment=path, offset=at,
+                                 dropped_bytes=len(data) - at)
+                with open(path, "r+b") as f:
+                    f.truncate(at)
+        for gid in done:
+            g = groups.pop(gid, None)
+            if g is not None:
+                for s in g.seqs:
+                    self._forget(s)
+        for g in sorted(groups.values(), key=lambda g: g.gid):
+            seqs = [s for s in g.seqs if s in self._records]
+            if seqs:
+                self._groups.append(Group(g.gid, seqs, g.token, g.segment))
+                for s in seqs:
+                    self._group_of[s] = g.gid
+                self._segment(g.segment).pending += 1
+        self._wake.set()
+        # segments that hold nothing waiting go at once
+        self._delete_done_segments(keep_current=False)
+
+    def _apply(self, kind: int, p: Any, seg: Segment, size: int, groups: dict[int, Group],
+               done: set[int]) -> None:
+        if kind == DATA:
+            seq, token, rows, stacks, tables = p
+            self._records[seq] = Record(seq, tables, rows, set(stacks), token, size, seg.number)
+            seg.pending += 1
+            self.waiting_bytes += size
+            self.waiting_rows += rows
+            self._next_seq = max(self._next_seq, seq + 1)
+        elif kind == GROUP:
+            gid, seqs, token = p
+            groups[gid] = Group(gid, list(seqs), token, seg.number)
+            self._next_gid = max(self._next_gid, gid + 1)
+            self._next_seq = max(self._next_seq, max(seqs, default=0) + 1)
+        elif kind == DONE:
+            done.add(p)
+            # numbers are never used twice while a record names them
+            self._next_gid = max(self._next_gid, p + 1)
+        else:
+            raise ValueError(f"unknown record kind {kind}")
+
+    def _forget(self, seq: int) -> None:
+        r = self._records.pop(seq, None)
+        if r is not None:
+            self.waiting_bytes -= r.size
+            self.waiting_rows -= r.rows
+            self._segment(r.segment).pending -= 1
+        self._group_of.pop(seq, None)
+
+    def _segment(self, number: int) -> Segment:
+        for s in self._segments:
+            if s.number == number:
+                return s
+        raise KeyError(number)
+
+    # ---- appending -----------------------------------------------------------------------
+
+    def _new_segment(self) -> None:
+        if self._fd >= 0:
+            os.fsync(self._fd)  # what it holds stays covered when appends move on
+            os.close(self._fd)
+        number = self._segments[-1].number + 1 if self._segments else 1
+        path = segment_path(self.directory, number)
+        # O_APPEND: after a refused write is cut off (ftruncate), the next one goes at the
+        # end of what is good, never past a hole
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o600)
+        self._offset = 0
+        self._segments.append(Segment(number, path))
+
+    def _append(self, kind: int, payload: bytes) -> int:
+        rec = record(kind, payload)
+        if self._offset + len(rec) > SEGMENT_BYTES and self._offset > 0:
+            self._new_segment()
+        try:
+            n = os.write(self._fd, rec)
+            if n != len(rec):
+                raise OSError(f"short write ({n} of {len(rec)} bytes)")
+        except OSError:
+            os.ftruncate(self._fd, self._offset)  # no torn record after acknowledged ones
+            raise
+        self._offset += len(rec)
+        self._written += 1
+        return len(rec)
+
+    async def _sync(self) -> None:
+        target = self._written
+        while self._synced < target:
+            if self._sync_task is None:
+                self._sync_task = asyncio.create_task(self._fsync())
+            await asyncio.shield(self._sync_task)
+
+    async def _fsync(self) -> None:
+        upto, fd = self._written, self._fd
+        try:
+            await asyncio.get_running_loop().run_in_executor(self._io, os.fsync, fd)
+            self._synced = max(self._synced, upto)
+        finally:
+            self._sync_task = None
+
+    async def put(self, tables: dict[str, Columns], rows: int, stacks: set[int],
+                  token: str | None) -> None:
+        """Log a batch; return once it is on disk (then it will be inserted, even after a
+        crash). ``Retryable`` when the queue is full or the disk refuses."""
+        if self._closing:
+            raise Retryable("clickhouse sending queue: shutting down")
+        payload = encode([self._next_seq, token, rows, sorted(stacks), tables])
+        if len(payload) > MAX_RECORD_BYTES:
+            raise Retryable("clickhouse sending queue: batch too large to log", retry_after=1.0)
+        if self._records and self.waiting_bytes + len(payload) > self.max_bytes:
+            self.metric("queue_refused_rows", rows)
+            raise Retryable(f"clickhouse sending queue is full ({self.waiting_bytes >> 20} MiB "
+                            f"waiting, sending_queue.max_mib={self.max_bytes >> 20})",
+                            retry_after=2.0)
+        seq = self._next_seq
+        try:
+            size = self._append(DATA, payload)
+        except OSError as err:
+            self.metric("queue_refused_rows", rows)
+            raise Retryable(f"clickhouse sending queue: cannot write {self.directory}: "
+                            f"{err}", retry_after=5.0) from err
+        self._next_seq += 1
+        rec = Record(seq, tables, rows, stacks, token, size, self._segments[-1].number)
+        self._records[seq] = rec
+        self._segments[-1].pending += 1
+        self.waiting_bytes += size
+        self.waiting_rows += rows
+        try:
+            await self._sync()
+        except OSError as err:
+            # not acknowledged: forget it (a crash before the next fsync loses it anyway)
+            self._forget(seq)
+            raise Retryable(f"clickhouse sending queue: cannot fsync {self.directory}: "
+                            f"{err}", retry_after=5.0) from err
+        self.metric("queued_rows", rows)
+        self._wake.set()
+
+    # ---- draining ------------------------------------------------------------------------
+
+    def _due(self) -> bool:
+        if self._groups:
+            return True
+        if not self._records:
+            return False
+        first = next(iter(self._records.values()))
+        return (self._closing or first.token is not None or self.waiting_rows >= self.batch_rows
+                or time.monotonic() - first.at >= self.flush_interval)
+
+    def _next_group(self) -> Group:
+        if self._groups:
+            return self._groups[0]
+        seqs: list[int] = []
+        rows = 0
+        for seq, r in self._records.items():
+            if r.token is not None:
+                if not seqs:
+                    seqs = [seq]
+                break
+            if seqs and rows + r.rows > MAX_GROUP_ROWS:
+                break
+            seqs.append(seq)
+            rows += r.rows
+        first = self._records[seqs[0]]
+        token = first.token or f"q{os.urandom(8).hex()}-{self._next_gid}"
+        self._append(GROUP, encode([self._next_gid, seqs, token]))
+        g = Group(self._next_gid, seqs, token, self._segments[-1].number)
+        self._next_gid += 1
+        self._segments[-1].pending += 1
+        self._groups.append(g)
+        for s in seqs:
+            self._group_of[s] = g.gid
+        return g
+
+    async def _drain(self) -> None:
+        while True:
+            if not self._due():
+                if self._closing and not self._records:
+                    return
+                self._wake.clear()
+                timeout = self.flush_interval
+                if self._records:
+                    first = next(iter(self._records.values()))
+                    timeout = max(0.0, self.flush_interval - (time.monotonic() - first.at))
+                try:
+                    await asyncio.wait_for(self._wake.wait(), timeout=timeout)
+                except TimeoutError:
+                    pass
+                continue
+            try:
+                g = self._next_group()
+                await self._sync()  # the group's record is on disk before its insert
+            except OSError as err:
+                self.log.error("queue_write_failed", error=str(err), directory=self.directory)
+                await asyncio.sleep(5.0)
+                continue
+            recs = [self._records[s] for s in g.seqs]
+            tables: dict[str, Columns] = {}
+            for r in recs:
+                extend(tables, r.tables)
+            rows = sum(r.rows for r in recs)
+            stacks = set().union(*(r.stacks for r in recs))
+            delay = 0.25
+            while True:
+                try:
+                    await self._submit(tables, rows, stacks, g.token)
+                    break
+                except Exception as err:
+                    # ClickHouse failing: the writer's circuit breaker says when to come
+                    # back. Anything else is a bug: logged, retried, never dropped
+                    after = err.retry_after if isinstance(err, Retryable) else None
+                    if not isinstance(err, Retryable):
+                        self.log.error("queue_insert_failed", error=str(err)[:500],
+                                       group=g.gid, rows=rows)
+                    # the writer's circuit breaker says when its next attempt is due
+                    delay = after if after else min(30.0, delay * 2)
+                    if self._closing and self._give_up_at is not None and \
+                            time.monotonic() + delay >= self._give_up_at:
+                        return  # left in the log: inserted at the next start
+                    if self._closing:
+                        await asyncio.sleep(delay)
+                        continue
+                    try:  # close() cuts the wait short: one more attempt at once
+                        await asyncio.wait_for(self._close_ev.wait(), timeout=delay)
+                    except TimeoutError:
+                        pass
+            self._groups.pop(0)
+            try:
+                self._append(DONE, encode(g.gid))
+            except OSError as err:  # a lost DONE only costs a deduplicated insert later
+                self.log.warning("queue_write_failed", error=str(err), directory=self.directory)
+            self._segment(g.segment).pending -= 1
+            for s in g.seqs:
+                self._forget(s)
+            self.metric("queue_inserted_rows", rows)
+            self._delete_done_segments(keep_current=True)
+            if not self._records:
+                self._emptied.set()
+
+    def _delete_done_segments(self, keep_current: bool) -> None:
+        while self._segments and self._segments[0].pending <= 0 and \
+                (not keep_current or len(self._segments) > 1):
+            seg = self._segments.pop(0)
+            try:
+                os.unlink(seg.path)
+            except FileNotFoundError:
+                pass
+
+    async def wait_empty(self) -> None:
+        while self._records:
+            self._emptied.clear()
+            self._wake.set()
+            await self._emptied.wait()
+
+    async def close(self, within: float) -> None:
+        """Insert what waits (for at most ``within`` seconds: what is left stays in the log
+        for the next start), then stop."""
+        self._closing = True
+        self._give_up_at = time.monotonic() + within
+        self._wake.set()
+        self._close_ev.set()
+        if self._task is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(self._task), timeout=within + 1)
+            except TimeoutError:
+                self._task.cancel()
+            if self._records:
+                self.log.warning("queue_left_for_next_start", records=len(self._records),
+                                 bytes=self.waiting_bytes, directory=self.directory)
+        if self._fd >= 0:
+            os.fsync(self._fd)
+            os.close(self._fd)
+            self._fd = -1
+        self._io.shutdown(wait=True)
+

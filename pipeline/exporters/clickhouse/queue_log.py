@@ -1,0 +1,102 @@
+"""The sending queue's files (``queue.py``): records in numbered segment files.
+
+Each record is ``length (u32) | crc32 (u32) | kind (u8) | payload``, little-endian, where
+length and crc32 cover kind and payload, and the payload is msgpack:
+
+* ``DATA``  ``[seq, token | None, rows, [stack ids], {table: {column: [values]}}]``: a batch;
+* ``GROUP`` ``[gid, [seq, ...], token]``: these batches are inserted together under token;
+* ``DONE``  ``gid``: that group is in ClickHouse.
+
+A record that does not check out (cut short, or a crc that does not match) ends what is
+read of its segment: a write the process died in, never acknowledged.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import time
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from pipeline.exporters.clickhouse.rows import Columns
+
+DATA, GROUP, DONE = 1, 2, 3
+HEADER = struct.Struct("<II")  # length and crc32 of what follows: kind (1 byte), payload
+
+_enc = msgspec.msgpack.Encoder()
+_dec = msgspec.msgpack.Decoder()
+
+
+def encode(obj: Any) -> bytes:
+    return _enc.encode(obj)
+
+
+def record(kind: int, payload: bytes) -> bytes:
+    body = bytes([kind]) + payload
+    return HEADER.pack(len(body), zlib.crc32(body)) + body
+
+
+def segments(directory: str) -> list[tuple[int, str]]:
+    """The segment files of a queue directory, oldest first: (number, path)."""
+    names = sorted(n for n in os.listdir(directory) if n.endswith(".log") and n[:-4].isdigit())
+    return [(int(n[:-4]), os.path.join(directory, n)) for n in names]
+
+
+def segment_path(directory: str, number: int) -> str:
+    return os.path.join(directory, f"{number:012d}.log")
+
+
+class Scan:
+    """The records of one segment's bytes, in order: ``(kind, payload, size)``; ``end`` is
+    where the good records end once iterated."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.end = 0
+
+    def __iter__(self) -> Iterator[tuple[int, Any, int]]:
+        data, at = self.data, 0
+        while at + HEADER.size < len(data):
+            length, crc = HEADER.unpack_from(data, at)
+            end = at + HEADER.size + length
+            if length < 1 or end > len(data) or zlib.crc32(data[at + HEADER.size:end]) != crc:
+                break
+            kind = data[at + HEADER.size]
+            yield kind, _dec.decode(data[at + HEADER.size + 1:end]), end - at
+            at = self.end = end
+
+
+@dataclass
+class Record:
+    seq: int
+    tables: dict[str, Columns]
+    rows: int
+    stacks: set[int]
+    token: str | None  # a Kafka block's own token: the record is a group of its own
+    size: int
+    segment: int  # the number of the segment it is in
+    at: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class Group:
+    gid: int
+    seqs: list[int]
+    token: str
+    segment: int
+
+
+@dataclass
+class Segment:
+    number: int
+    path: str
+    pending: int = 0  # records and groups in it not done
+
+
+class QueueError(Exception):
+    """The log cannot be read or written (the exporter refuses to start on it)."""

@@ -1,0 +1,252 @@
+"""The ClickHouse exporter's sending queue: acknowledged once logged, inserted behind in
+groups, exactly once across crashes (a group logged before a crash is inserted again
+under the same token), torn tails ignored, bounded, disk errors refused as retryable."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pipeline.errors import Retryable
+from pipeline.exporters.clickhouse import queue as q
+from pipeline.exporters.clickhouse.queue import SendingQueue
+
+
+class Log:
+    def __init__(self) -> None:
+        self.events: list[tuple[str, dict[str, Any]]] = []
+
+    def _rec(self, event: str, **kw: Any) -> None:
+        self.events.append((event, kw))
+
+    info = warning = error = _rec
+
+
+class Store:
+    """Stands in for the writer: records each group (tables, rows, token); can be made to
+    refuse (retryable) or to block."""
+
+    def __init__(self) -> None:
+        self.groups: list[tuple[dict[str, Any], int, str]] = []
+        self.tokens: set[str] = set()
+        self.refuse = 0
+        self.gate: asyncio.Event | None = None
+        self.entered = asyncio.Event()
+
+    async def submit(self, tables: dict[str, Any], rows: int, stacks: set[int],
+                     token: str) -> None:
+        self.entered.set()
+        if self.gate is not None:
+            await self.gate.wait()
+        if self.refuse:
+            self.refuse -= 1
+            raise Retryable("clickhouse down", retry_after=0.01)
+        if token in self.tokens:  # ClickHouse drops a block it has under this token
+            return
+        self.tokens.add(token)
+        self.groups.append((tables, rows, token))
+
+    def values(self) -> list[int]:
+        return [v for t, _, _ in self.groups for v in t["t"]["v"]]
+
+
+def batch(*vs: int) -> dict[str, Any]:
+    return {"t": {"v": list(vs)}}
+
+
+OPENED: list[SendingQueue] = []
+
+
+def make(tmp: Path, store: Store, max_bytes: int = 1 << 30, batch_rows: int = 1_000,
+         flush_interval: float = 0.01) -> SendingQueue:
+    qu = SendingQueue(str(tmp / "queue"), max_bytes, batch_rows, flush_interval,
+                      store.submit, Log(), lambda name, n: None)
+    OPENED.append(qu)
+    return qu
+
+
+@pytest.fixture(autouse=True)
+async def _close_queues() -> Any:
+    yield
+    while OPENED:
+        qu = OPENED.pop()
+        if qu._fd >= 0:
+            await qu.close(within=0.1)
+
+
+def crash(queue: SendingQueue) -> None:
+    """As a SIGKILL would leave it: nothing more reaches the disk, nothing is closed."""
+    if queue._task is not None:
+        queue._task.cancel()
+    os.close(queue._fd)
+    queue._fd = -1
+
+
+class TestQueue:
+    async def test_acknowledged_then_inserted_in_groups(self, tmp_path: Path) -> None:
+        """Puts return once logged; what comes while a group is being inserted goes in the
+        next group, as one insert."""
+        store = Store()
+        qu = make(tmp_path, store)
+        await qu.open(replay_timeout=1)
+        store.gate = asyncio.Event()
+        await qu.put(batch(1), 1, set(), None)
+        await asyncio.wait_for(store.entered.wait(), 2)  # the first group is in flight
+        for v in (2, 3, 4):
+            await qu.put(batch(v), 1, set(), None)  # acknowledged while it waits
+        store.gate.set()
+        await asyncio.wait_for(qu.wait_empty(), 2)
+        assert [sorted(t["t"]["v"]) for t, _, _ in store.groups] == [[1], [2, 3, 4]]
+        await qu.close(within=1)
+        assert os.listdir(tmp_path / "queue") == ["000000000001.log"] or \
+            len(os.listdir(tmp_path / "queue")) == 1
+
+    async def test_crash_replays_exactly_once(self, tmp_path: Path) -> None:
+        """Killed while a group was being inserted and with more logged behind it: the next
+        start inserts the group again under its token (dropped if it had landed) and the
+        rest once; nothing lost, nothing twice."""
+        store = Store()
+        qu = make(tmp_path, store)
+        await qu.open(replay_timeout=1)
+        store.gate = asyncio.Event()
+        await qu.put(batch(1, 2), 2, set(), None)
+        await asyncio.wait_for(store.entered.wait(), 2)
+        await qu.put(batch(3), 1, set(), None)
+        # the group in flight lands in ClickHouse, but the process dies before it knows
+        in_flight = next(iter(qu._groups))
+        store.tokens.add(in_flight.token)
+        store.groups.append((batch(1, 2), 2, in_flight.token))
+        crash(qu)
+
+        store.gate = None
+        again = make(tmp_path, store)
+        await again.open(replay_timeout=2)
+        assert sorted(store.values()) == [1, 2, 3]
+        await again.close(within=1)
+        third = make(tmp_path, store)
+        await third.open(replay_timeout=2)  # all done: nothing replayed
+        assert sorted(store.values()) == [1, 2, 3]
+        await third.close(within=1)
+
+    async def test_torn_tail_is_ignored(self, tmp_path: Path) -> None:
+        """A record cut short by a crash (never acknowledged) ends the log; what came
+        before it is inserted."""
+        store = Store()
+        store.refuse = 10 ** 6  # nothing gets in before the crash
+        qu = make(tmp_path, store)
+        await qu.open(replay_timeout=1)
+        await qu.put(batch(7), 1, set(), None)
+        crash(qu)
+        (seg,) = sorted((tmp_path / "queue").iterdir())
+        seg.write_bytes(seg.read_bytes() + b"\x40\x00\x00\x00garbage")
+        store.refuse = 0
+        again = make(tmp_path, store)
+        await again.open(replay_timeout=2)
+        assert store.values() == [7]
+        await again.close(within=1)
+
+    async def test_bounded(self, tmp_path: Path) -> None:
+        """Beyond max_mib a put is refused as retryable; an empty queue takes any batch."""
+        store = Store()
+        store.gate = asyncio.Event()
+        qu = make(tmp_path, store, max_bytes=200)
+        await qu.open(replay_timeout=1)
+        await qu.put(batch(*range(1000)), 1000, set(), None)  # bigger than the bound alone
+        with pytest.raises(Retryable, match="max_mib"):
+            await qu.put(batch(1), 1, set(), None)
+        store.gate.set()
+        await asyncio.wait_for(qu.wait_empty(), 2)
+        await qu.put(batch(1), 1, set(), None)
+        await qu.close(within=1)
+
+    async def test_disk_refusing_is_retryable_and_leaves_no_record(
+            self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        """A write the disk refuses (full) is answered retryable; the log holds no trace of
+        it, and the next put goes in."""
+        store = Store()
+        qu = make(tmp_path, store)
+        await qu.open(replay_timeout=1)
+        real = os.write
+
+        def full(fd: int, data: bytes) -> int:
+            raise OSError(28, "No space left on device")
+
+        monkeypatch.setattr(q.os, "write", full)
+        with pytest.raises(Retryable, match="No space left"):
+            await qu.put(batch(5), 1, set(), None)
+        monkeypatch.setattr(q.os, "write", real)
+        await qu.put(batch(6), 1, set(), None)
+        await asyncio.wait_for(qu.wait_empty(), 2)
+        assert store.values() == [6]
+        crash(qu)
+        again = make(tmp_path, store)
+        await again.open(replay_timeout=2)
+        assert store.values() == [6]
+        await again.close(within=1)
+
+    async def test_a_write_cut_short_leaves_no_hole(
+            self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        """The disk takes half a record and then refuses: the half is cut off, and what is
+        logged after it is read back after a crash (no hole that would end the log)."""
+        store = Store()
+        store.refuse = 10 ** 6  # nothing inserted before the crash: all from the log
+        qu = make(tmp_path, store)
+        await qu.open(replay_timeout=1)
+        await qu.put(batch(1), 1, set(), None)
+        real = os.write
+
+        def half(fd: int, data: bytes) -> int:
+            return real(fd, data[:len(data) // 2])
+
+        monkeypatch.setattr(q.os, "write", half)
+        with pytest.raises(Retryable, match="short write"):
+            await qu.put(batch(2), 1, set(), None)
+        monkeypatch.setattr(q.os, "write", real)
+        await qu.put(batch(3), 1, set(), None)
+        crash(qu)
+        store.refuse = 0
+        again = make(tmp_path, store)
+        await again.open(replay_timeout=2)
+        assert sorted(store.values()) == [1, 3]
+
+    async def test_retries_until_clickhouse_takes_it(self, tmp_path: Path) -> None:
+        """A group ClickHouse refuses is retried (same token) until it goes in."""
+        store = Store()
+        store.refuse = 3
+        qu = make(tmp_path, store)
+        await qu.open(replay_timeout=1)
+        await qu.put(batch(9), 1, set(), None)
+        await asyncio.wait_for(qu.wait_empty(), 5)
+        assert store.values() == [9]
+        await qu.close(within=1)
+
+    async def test_close_leaves_what_clickhouse_refuses_for_the_next_start(
+            self, tmp_path: Path) -> None:
+        store = Store()
+        store.refuse = 10 ** 6
+        qu = make(tmp_path, store)
+        await qu.open(replay_timeout=1)
+        await qu.put(batch(4), 1, set(), None)
+        await qu.close(within=0.2)
+        store.refuse = 0
+        again = make(tmp_path, store)
+        await again.open(replay_timeout=2)
+        assert store.values() == [4]
+        await again.close(within=1)
+
+    async def test_segments_are_deleted_once_done(self, tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr(q, "SEGMENT_BYTES", 300)
+        store = Store()
+        qu = make(tmp_path, store)
+        await qu.open(replay_timeout=1)
+        for v in range(20):
+            await qu.put(batch(*range(v * 10, v * 10 + 10)), 10, set(), None)
+        await asyncio.wait_for(qu.wait_empty(), 5)
+        await qu.close(within=1)
+        assert len(store.values()) == 200
+        assert len(os.listdir(tmp_path / "queue")) <= 1
