@@ -1,9 +1,12 @@
 """The aggregates ClickHouse maintains (materialized views into AggregatingMergeTree tables)
-against a GROUP BY over the raw rows: 1M samples through the correlator into the embedded
-engine, then late samples for spans already reported; equal both times."""
+against a GROUP BY over the raw rows: 200 k samples through the correlator into the
+embedded engine, then late samples for spans already reported; equal both times (the
+property does not depend on the size: ``SPANPROF_AGGREGATE_SAMPLES=1000000`` runs it on a
+million)."""
 
 from __future__ import annotations
 
+import os
 import random
 from pathlib import Path
 
@@ -16,7 +19,7 @@ from processors.correlate.state import CorrelatorState
 MS = 1_000_000
 T0 = 1_700_000_000 * 1_000_000_000
 N_SPANS = 20_000
-N_SAMPLES = 1_000_000
+N_SAMPLES = int(os.environ.get("SPANPROF_AGGREGATE_SAMPLES", "200000"))
 OPERATIONS = ["GET /cart", "POST /order", "GET /item", "render"]
 
 # (aggregate query, the same question over raw rows); both sorted, compared exactly
@@ -102,7 +105,7 @@ class TestAggregatesEqualRawRows:
             state.add_samples(ProfileBatch(samples[i:i + 100_000], stacks), now=0.5)
         first = state.take_due(now=10.0)
         # a row per span with CPU or wall time only (each of these has some)
-        assert len(first.attributions) >= N_SPANS
+        assert len(first.attributions) >= len({(x.trace_id, x.span_id) for x in samples})
         await ex.consume(first)  # one batch bigger than max_pending_rows: still taken
         sizes = await _compare(ex)
         _, total = await ex.query("SELECT sum(cpu_ns) FROM spanprof.op_minute")
@@ -141,23 +144,23 @@ class TestKafkaBlockDeliveredTwice:
         prevents."""
         rng = random.Random(5)
         spans, samples, stacks = workload(rng)
-        spans, samples = spans[:400], [s for s in samples if int.from_bytes(s.span_id, "big")
-                                       <= 400][:5_000]
+        spans, samples = spans[:600], [s for s in samples if int.from_bytes(s.span_id, "big")
+                                       <= 600][:4_000]
         ex = ClickHouseExporter(Config(endpoint=f"chdb://{tmp_path}/ch", flush_interval=0.05,
                                        ttl=0),  # type: ignore[arg-type]
                                 Context("clickhouse", ["attributions"], data_dir=str(tmp_path)))
         await ex.start()
         seen: SpanLookup = {}
         span_block = SpanBatch(spans, origin="spans/0/0-3/aa", parts=[
-            (f"spans/0/{i}", 100) for i in range(4)])
+            (f"spans/0/{i}", 150) for i in range(4)])
         await ex.consume(span_block)  # stored, as the traces pipeline does
         assert attribute_block(span_block, seen).attributions == []
         span_lookup_add(seen, span_block, 10_000)
         block = ProfileBatch(samples, stacks, origin="profiles/0/0-4/bb",
-                             parts=[(f"profiles/0/{i}", 1_000) for i in range(5)])
+                             parts=[(f"profiles/0/{i}", 1_000) for i in range(4)])
         rows = attribute_block(block, seen)
         assert rows.origin == block.origin and {a.source for a in rows.attributions} == {
-            source_id(f"profiles/0/{i}") for i in range(5)}
+            source_id(f"profiles/0/{i}") for i in range(4)}
         for _ in range(2):  # delivered, then delivered again
             await ex.consume(attribute_block(block, seen))
         pairs = {k: (a, _final(r)) for k, (a, r) in PAIRS.items()}
