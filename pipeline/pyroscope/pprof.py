@@ -121,7 +121,7 @@ def parse(data: bytes, max_bytes: int = 64 << 20) -> Any:
         raise InvalidData(f"pprof: not a valid profile: {err}") from None
 
 
-class _Strings:
+class Strings:
     """Range-checked reads of the string table, without copying it into a list."""
 
     def __init__(self, p: Any) -> None:
@@ -134,7 +134,7 @@ class _Strings:
         return str(self.tbl[i])
 
 
-def _check_tables(p: Any, limits: Limits) -> None:
+def check_tables(p: Any, limits: Limits) -> None:
     for name in ("string_table", "function", "location", "mapping", "sample_type", "sample"):
         n = len(getattr(p, name))
         if n > limits.max_table_entries:
@@ -148,8 +148,8 @@ def prepare(p: Any, sample_types: dict[str, Any] | None = None,
     counts). ``sample_types``: the legacy /ingest form's ``sample_type_config`` (Pyroscope's
     Java agent): per sample type, ``display-name`` renames it and ``units: samples`` says
     its values count profiler ticks of the profile's period."""
-    _check_tables(p, limits)
-    s = _Strings(p)
+    check_tables(p, limits)
+    s = Strings(p)
     period_type = s(p.period_type.type, "period_type") if p.HasField("period_type") else ""
     period_unit = s(p.period_type.unit, "period_type") if p.HasField("period_type") else ""
     kinds: dict[str, tuple[int, Kind, str, str]] = {}
@@ -179,7 +179,7 @@ class _Locations:
     """Locations and functions by id, each resolved once. Ids are usually 1..n in order
     (Go's writer): then no dictionary of the whole table is built."""
 
-    def __init__(self, p: Any, s: _Strings, stacks: StackTable) -> None:
+    def __init__(self, p: Any, s: Strings, stacks: StackTable) -> None:
         self.p, self.s, self.stacks = p, s, stacks
         self.frames: dict[int, Frames] = {}
         self._by_id: dict[str, dict[int, Any]] = {}
@@ -227,7 +227,7 @@ class _Labels(NamedTuple):
     span_name: str
 
 
-def _labels(smp: Any, n: int, s: _Strings, key_kind: dict[int, int], limits: Limits) -> _Labels:
+def _labels(smp: Any, n: int, s: Strings, key_kind: dict[int, int], limits: Limits) -> _Labels:
     if len(smp.label) > limits.max_labels:
         raise TooLarge(f"pprof: sample[{n}] has {len(smp.label)} labels, over max_labels="
                        f"{limits.max_labels}")
@@ -254,15 +254,19 @@ def _labels(smp: Any, n: int, s: _Strings, key_kind: dict[int, int], limits: Lim
     return _Labels(span or b"", trace if span else b"", thread_id, thread_name, span_name)
 
 
-def build(prep: Prepared, service: str, budget: Budget | None = None) -> ProfileBatch:
-    """Records of a prepared profile, stacks and values within the push's ``budget``."""
+def build(prep: Prepared, service: str, budget: Budget | None = None,
+          time_ns: int = 0) -> ProfileBatch:
+    """Records of a prepared profile, stacks and values within the push's ``budget``.
+    pprof has no time per sample: every sample takes ``time_ns`` (the /ingest request's
+    ``from``, checked by the caller) or else the profile's start (``time_nanos``) or else
+    now, and is not ``timed``: it stays on the span its labels name."""
     budget = budget or Budget()
     p, kinds = prep.profile, prep.kinds
-    t0 = int(p.time_nanos) or time.time_ns()
+    t0 = time_ns or int(p.time_nanos) or time.time_ns()
     problem = time_problem(t0, "time_nanos")
     if problem:
         raise InvalidData(f"pprof: {problem}")
-    s = _Strings(p)
+    s = Strings(p)
     stacks = budget.stacks
     locations = _Locations(p, s, stacks)
     by_locs: dict[tuple[int, ...], int] = {}

@@ -17,8 +17,10 @@
 
 * ``POST /push.v1.PusherService/Push`` (Connect unary, ``application/proto``, gzip body):
   series labels (``service_name``) and raw pprof samples;
-* ``POST /ingest?name=APP{k=v,...}&format=pprof`` (legacy): a pprof body, or the multipart
-  form with a ``profile`` file and optionally ``sample_type_config`` (JSON, Java agents).
+* ``POST /ingest?name=APP{k=v,...}&from=T&until=T[&format=pprof|folded|lines]`` (legacy,
+  ``pyroscope-go`` and older SDKs): pprof as the body or as a multipart form (``profile``,
+  ``sample_type_config``, ``prev_profile``), or folded text; without ``format`` the body's
+  format is detected, as Pyroscope's server decides it (``pipeline/pyroscope/ingest.py``).
 
 Samples become the same records as OTLP profiles, links taken from span labels (see
 ``pipeline/pyroscope/pprof.py``). Errors: 400 with a message for bad data (Connect error
@@ -34,8 +36,6 @@ naming the field (``pipeline/otlp/bounds.py``).
 
 from __future__ import annotations
 
-import email.policy
-from email.parser import BytesParser
 from typing import Annotated, Any
 
 import msgspec
@@ -44,10 +44,15 @@ from google.protobuf.message import DecodeError
 
 from pipeline.config import Duration, PositiveInt, check_endpoint
 from pipeline.errors import InvalidData, Retryable, TooLarge
-from pipeline.otlp import jsonwire
 from pipeline.otlp.bounds import RecordsLimit
 from pipeline.otlp.common import UNKNOWN_SERVICE
 from pipeline.pyroscope import pprof
+from pipeline.pyroscope.ingest import (  # parse_*: this module's API before ingest.py
+    decode_ingest,
+    parse_multipart,
+    parse_name,
+    parse_sample_type_config,
+)
 from pipeline.pyroscope.messages import PushRequest, PushResponse
 from pipeline.receivers.http_body import BodyTimeout, UnsupportedEncoding, read_body
 from pipeline.receivers.http_receiver import HttpReceiver
@@ -56,11 +61,10 @@ from pipeline.records import ProfileBatch
 from pipeline.registry import Context, Factory
 from processors.batch import merge
 
+__all__ = ["FACTORY", "PUSH_PATH", "Config", "PyroscopeReceiver", "decode_push",
+           "parse_multipart", "parse_name", "parse_sample_type_config"]
 PUSH_PATH = "/push.v1.PusherService/Push"
 Limit = Annotated[int, msgspec.Meta(ge=1, le=1 << 30)]
-# legacy app names end with the profile type: "checkout.cpu{env=prod}"
-PROFILE_SUFFIXES = (".cpu", ".wall", ".itimer", ".alloc_objects", ".alloc_space",
-                    ".inuse_objects", ".inuse_space", ".lock_count", ".lock_duration")
 
 
 class Config(msgspec.Struct, forbid_unknown_fields=True):
@@ -85,29 +89,6 @@ class Config(msgspec.Struct, forbid_unknown_fields=True):
     def limits(self) -> pprof.Limits:
         return pprof.Limits(self.max_samples_per_request, self.max_stack_depth,
                             self.max_table_entries, self.max_labels)
-
-
-def parse_name(name: str) -> tuple[str, dict[str, str]]:
-    """The legacy ``name`` query parameter, ``APP.cpu{k=v,...}`` -> (service, labels)."""
-    app, _, rest = name.partition("{")
-    labels = dict(kv.split("=", 1) for kv in rest.rstrip("}").split(",") if "=" in kv)
-    for suffix in PROFILE_SUFFIXES:
-        if app.endswith(suffix):
-            app = app[: -len(suffix)]
-    service = labels.get("service_name") or app or UNKNOWN_SERVICE
-    try:
-        service.encode()
-    except UnicodeEncodeError:
-        raise InvalidData("name: the application name is not valid UTF-8") from None
-    return service, labels
-
-
-def parse_sample_type_config(data: bytes) -> dict[str, Any]:
-    """The multipart ``sample_type_config`` part: a JSON object (strict: see jsonwire)."""
-    doc = jsonwire.loads(data, "sample_type_config")
-    if not isinstance(doc, dict):
-        raise InvalidData("sample_type_config: expected a JSON object")
-    return doc
 
 
 def decode_push(body: bytes, cfg: Config) -> list[ProfileBatch]:
@@ -144,30 +125,6 @@ def decode_push(body: bytes, cfg: Config) -> list[ProfileBatch]:
             prepared.append((service, prep))
     budget = pprof.Budget(limits)
     return [pprof.build(prep, service, budget) for service, prep in prepared]
-
-
-def parse_multipart(body: bytes, content_type: str) -> dict[str, bytes]:
-    """The fields of a multipart form (first of each name), from a body already read within
-    the listener's limits (size, time, gzip). The standard library's MIME parser reads it
-    from bytes: nothing here waits on the client, counts its bytes a second time, or has
-    an error type of its own to leak as a 500; any failure is the form's fault (400)."""
-    try:
-        msg = BytesParser(policy=email.policy.HTTP).parsebytes(
-            b"Content-Type: " + content_type.encode("latin-1") + b"\r\n\r\n" + body)
-        if not msg.is_multipart() or msg.defects:
-            found = ", ".join(type(d).__name__ for d in msg.defects) or "no parts"
-            raise InvalidData(f"multipart form: cannot parse it ({found})")
-        parts: dict[str, bytes] = {}
-        for part in msg.iter_parts():
-            name = part.get_param("name", header="content-disposition")
-            if isinstance(name, str) and name not in parts:
-                payload = part.get_payload(decode=True)
-                parts[name] = payload if isinstance(payload, bytes) else b""
-        return parts
-    except InvalidData:
-        raise
-    except Exception as err:  # the parser's own errors: a malformed form
-        raise InvalidData(f"multipart form: cannot parse it: {str(err)[:200]}") from None
 
 
 class PyroscopeReceiver(HttpReceiver):
@@ -225,25 +182,11 @@ class PyroscopeReceiver(HttpReceiver):
 
     async def ingest(self, request: web.Request) -> web.Response:
         async def work() -> None:
-            fmt = request.query.get("format", "folded")
-            if fmt != "pprof":
-                raise InvalidData(f"format={fmt}: only pprof is supported")
-            service, _ = parse_name(request.query.get("name", ""))
-            sample_types: dict[str, Any] | None = None
             data = await self._body(request)
-            config = b""
-            if request.content_type.startswith("multipart/"):
-                parts = parse_multipart(data, request.headers.get("Content-Type", ""))
-                data = parts.get("profile", b"")
-                if not data:
-                    raise InvalidData("multipart form has no 'profile' part")
-                if "sample_type_config" in parts:
-                    config = parts["sample_type_config"]
-                    sample_types = parse_sample_type_config(config)
+            got = decode_ingest(request.query, request.headers.get("Content-Type", ""),
+                                data, self.cfg.max_decompressed_bytes, self.cfg.limits)
             # keyed by what the form holds, not its bytes: a resend may draw a new boundary
-            await self._deliver([pprof.decode_pprof(
-                data, service, self.cfg.max_decompressed_bytes, sample_types, self.cfg.limits)],
-                request.path, request.query_string, data, config)
+            await self._deliver([got.batch], request.path, request.query_string, *got.key)
         return await self._handle(work, connect=False)
 
 

@@ -347,3 +347,51 @@ def otlp_json(draw: Any, message: st.SearchStrategy[Any]) -> bytes:
         return json.dumps(doc).encode()
     except RecursionError:
         return b"[" * 100_000
+
+
+# ---- the legacy /ingest endpoint's bodies: folded text, pprof, forms -------------------
+
+FRAME_NAMES = st.one_of(st.sampled_from(["main", "a.b", "std::vector<int>::push", "x y", "²",
+                                         "", "f" * 300, "\t", "é"]), wild_texts)
+COUNTS = st.one_of(st.integers(0, 10**6).map(str), st.sampled_from(
+    ["", "-1", "٣", "1e3", "0x10", "4294967295", "4294967296", "9" * 30, "9" * 5000]))
+
+
+@st.composite
+def folded_texts(draw: Any) -> bytes:
+    """Folded lines ``a;b;c 12``, hostile ones among them (empty frames, huge counts,
+    lone surrogates, deep stacks, control bytes)."""
+    lines = []
+    for _ in range(draw(st.integers(0, 6))):
+        if draw(st.integers(0, 19)) == 0:
+            frames = ["f"] * draw(st.integers(1, 20_000))
+        else:
+            frames = draw(st.lists(FRAME_NAMES, max_size=5))
+        sep = draw(st.sampled_from([" ", " ", "\t", "  ", ""]))
+        lines.append(";".join(frames) + sep + draw(COUNTS))
+    text: str = draw(st.sampled_from(["\n", "\r\n", "\n\n"])).join(lines)
+    if draw(st.integers(0, 9)) == 0:
+        text += draw(st.sampled_from(["\x00", "\x1b[31m", "\x7f"]))
+    return text.encode("utf-8", "surrogatepass")
+
+
+@st.composite
+def ingest_forms(draw: Any) -> bytes:
+    """A multipart form as pyroscope-go writes it (boundary ``xyz``): profile, maybe
+    prev_profile and sample_type_config (``cumulative`` flags included)."""
+    config = draw(st.one_of(st.just(b""), st.builds(
+        lambda d: json.dumps(d).encode(), st.dictionaries(
+            st.sampled_from(["alloc_space", "inuse_space", "cpu", "samples", "delay"]),
+            st.fixed_dictionaries({}, optional={
+                "cumulative": st.one_of(st.booleans(), texts), "units": st.sampled_from(
+                    ["samples", "bytes"]), "display-name": texts}), max_size=3))))
+    parts = [("profile", draw(pprof_bytes)),
+             ("prev_profile", draw(st.one_of(st.just(b""), pprof_bytes))),
+             ("sample_type_config", config)]
+    return b"".join(f'--xyz\r\nContent-Disposition: form-data; name="{name}"; '
+                    f'filename="f"\r\n\r\n'.encode() + data + b"\r\n"
+                    for name, data in parts if data) + b"--xyz--\r\n"
+
+
+ingest_bodies = st.one_of(folded_texts(), folded_texts().map(gzip.compress), pprof_bytes,
+                          st.binary(max_size=100))

@@ -21,7 +21,7 @@ from pipeline.otlp import jsonwire
 from pipeline.otlp.profiles import decode_profiles
 from pipeline.otlp.split import split_profiles, split_traces
 from pipeline.otlp.traces import decode_traces
-from pipeline.pyroscope import pprof
+from pipeline.pyroscope import ingest, pprof
 from pipeline.receivers import pyroscope
 from tests.fuzz import strategies as S
 from tests.fuzz.storable import storable
@@ -191,3 +191,54 @@ class TestPyroscopeReceiver:
         doc = _refused_or(pyroscope.parse_sample_type_config, body)
         if doc is not None:
             __import__("json").dumps(doc).encode()  # every string encodes as UTF-8
+
+
+QUERIES = st.fixed_dictionaries({"name": st.sampled_from(["svc", "svc.cpu", "svc.wall{a=b}",
+                                                          "svc.alloc_space", ""])},
+                                optional={
+    "format": st.sampled_from(["", "pprof", "folded", "groups", "lines", "jfr", "x", "\x00"]),
+    "from": st.one_of(st.integers(0, 2**70).map(str), S.texts),
+    "units": st.sampled_from(["", "samples", "objects", "bytes", "²"]),
+    "sampleRate": st.one_of(st.integers(-5, 2**40).map(str), S.texts)})
+
+
+class TestIngest:
+    @FUZZ
+    @given(QUERIES, S.ingest_bodies)
+    def test_detected_or_named_formats(self, query: dict[str, str], body: bytes) -> None:
+        """/ingest bodies (folded text, pprof, gzip of either, junk) under any format, time
+        and units: InvalidData, or storable."""
+        count("ingest_body")
+        got = _refused_or(ingest.decode_ingest, query, "", body, 1 << 20, SMALL)
+        if got is not None:
+            assert storable(got.batch) == []
+
+    @FUZZ
+    @given(QUERIES, S.ingest_forms())
+    def test_forms_with_prev_profile(self, query: dict[str, str], body: bytes) -> None:
+        """The Go SDK's form, with prev_profile and cumulative flags: refused or storable
+        (a delta never leaves a value below zero: storable says so)."""
+        count("ingest_form")
+        got = _refused_or(ingest.decode_ingest, query, "multipart/form-data; boundary=xyz",
+                          body, 1 << 20, SMALL)
+        if got is not None:
+            assert storable(got.batch) == []
+            assert all(s.value > 0 for s in got.batch.samples)
+
+    @FUZZ
+    @given(st.lists(st.tuples(st.lists(st.sampled_from(["main", "a", "b::c", "d e", "é"]),
+                                       min_size=1, max_size=6),
+                              st.integers(0, 50_000)), max_size=20),
+           st.sampled_from([97, 100, 1000]))  # within the per-sample bound (2^44 ns)
+    def test_folded_cpu_is_conserved(self, lines: list[tuple[list[str], int]],
+                                     rate: int) -> None:
+        """Valid folded text: the CPU decoded is the sum of the counts times the period,
+        one record per distinct stack, leaf first."""
+        count("folded_conserved")
+        body = "\n".join(";".join(frames) + f" {n}" for frames, n in lines).encode()
+        got = ingest.decode_ingest({"name": "svc", "sampleRate": str(rate)}, "", body,
+                                   1 << 20, SMALL).batch
+        period = 1_000_000_000 // rate
+        assert sum(s.value for s in got.samples) == period * sum(n for _, n in lines)
+        want = {tuple(reversed(f)) for f, n in lines if n}
+        assert {tuple(got.stacks[s.stack_id].functions) for s in got.samples} == want

@@ -22,7 +22,7 @@ from pipeline.exporters.clickhouse.schema import SchemaOptions, bootstrap, state
 from pipeline.otlp import bounds
 from pipeline.otlp.profiles import decode_profiles
 from pipeline.otlp.traces import decode_traces
-from pipeline.pyroscope import pprof
+from pipeline.pyroscope import ingest, pprof
 from pipeline.records import ProfileBatch, Sample, Stack
 from tests.conftest import clickhouse
 from tests.fuzz import storable as checker
@@ -77,6 +77,15 @@ class TestCheckerMatchesEngine:
         for p in _examples(S.pprofs(), 80):
             try:
                 b = pprof.decode_pprof(p.SerializeToString(), "svc", 1 << 20, None, SMALL)
+            except InvalidData:
+                continue
+            assert checker.storable(b) == []
+            _insert(ch, rows.profiles(b))
+            inserted += len(b)
+        for body in _examples(S.folded_texts(), 40) + [b"main;\xc3\xa9 3\nmain;x y 1"]:
+            try:  # /ingest's folded text, detected: frames are any text the client sent
+                b = ingest.decode_ingest({"name": "svc", "from": "1700000000"}, "", body,
+                                         1 << 20, SMALL).batch
             except InvalidData:
                 continue
             assert checker.storable(b) == []

@@ -30,7 +30,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from pipeline.errors import InvalidData
 from pipeline.otlp import jsonwire
-from pipeline.pyroscope import pprof
+from pipeline.pyroscope import ingest, pprof
 from pipeline.receivers import pyroscope
 from tests.fuzz import strategies as S
 from tests.fuzz.storable import storable
@@ -108,9 +108,16 @@ def _refused_or_storable(fn: Callable[[bytes], Any]) -> Callable[[bytes], None]:
 
 def _name(data: bytes) -> list[Any]:
     # undecodable bytes become lone surrogates, as a lenient URL decoder may leave them
-    service, labels = pyroscope.parse_name(data.decode("utf-8", "surrogateescape"))
+    service, labels, kind = pyroscope.parse_name(data.decode("utf-8", "surrogateescape"))
     service.encode()
     return []
+
+
+def _ingest(content_type: str) -> Callable[[bytes], None]:
+    """/ingest without a format (the Go SDK's way): the body's format detected."""
+    return _refused_or_storable(lambda d: ingest.decode_ingest(
+        {"name": "svc", "from": "1700000000000000000"}, content_type, d, 1 << 20,
+        SMALL).batch)
 
 
 def _config(data: bytes) -> list[Any]:
@@ -137,6 +144,10 @@ DECODERS: dict[str, tuple[Callable[[], list[bytes]], Callable[[bytes], None]]] =
                        gzip.compress(d, 1), "svc", 1 << 20, None, SMALL))),
     "pyroscope_push": (lambda: _examples(S.push_requests(), CORPUS),
                        _refused_or_storable(lambda d: pyroscope.decode_push(d, CFG))),
+    "ingest_detect": (lambda: _examples(S.ingest_bodies, CORPUS) + [b"a;b;c 12\na;d 3"],
+                      _ingest("")),
+    "ingest_form": (lambda: _examples(S.ingest_forms(), CORPUS),
+                    _ingest("multipart/form-data; boundary=xyz")),
     "ingest_name": (lambda: [b"app.cpu{service_name=x,env=prod}", b"\xc2\xb2{a=b}", b"!"],
                     _refused_or_storable(_name)),
     "sample_type_config": (lambda: [b'{"itimer": {"units": "samples", "display-name": "cpu"}}',

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import gzip
+import json
 from collections import defaultdict
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl
 
 import aiohttp
 import pytest
@@ -171,8 +173,9 @@ class TestPyroscopeReceiver:
             async with http.post(url + "/ingest" + q.replace("from=1", "from=2"),
                                  data=form) as resp:
                 assert resp.status == 200
-            async with http.post(url + "/ingest?name=x&format=folded", data=b"a;b 1") as resp:
+            async with http.post(url + "/ingest?name=x&format=jfr", data=b"a;b 1") as resp:
                 assert resp.status == 400
+                assert "format=jfr: not supported" in await resp.text()
         assert [b.samples[0].service for b in fake.batches] == ["shop", "shop"]
 
     async def test_legacy_multipart_sample_type_config(self, server: Any) -> None:
@@ -358,7 +361,8 @@ class TestPushBounds:
     def test_legacy_name_and_sample_type_config(self) -> None:
         from pipeline.receivers.pyroscope import parse_name, parse_sample_type_config
 
-        assert parse_name("app.cpu{env=prod}") == ("app", {"env": "prod"})
+        assert parse_name("app.cpu{env=prod}") == ("app", {"env": "prod"}, "cpu")
+        assert parse_name("app{service_name=shop}") == ("shop", {"service_name": "shop"}, "")
         with pytest.raises(InvalidData, match="UTF-8"):
             parse_name("\udcff.cpu")
         for bad in (b'{"\\ud800": {}}', b"[" * 10_000 + b"]" * 10_000, b"[1]"):
@@ -373,3 +377,253 @@ class TestPushBounds:
         with pytest.raises(msgspec.ValidationError):
             msgspec.convert({"max_samples_per_request": 2**22}, Config)
         assert msgspec.convert({}, Config).max_stack_depth == 8192
+
+
+GO_FIXTURES = Path(__file__).resolve().parents[2] / "clients" / "go" / "testdata"
+
+
+def go_form(raw: bytes, config: bytes = b"", prev: bytes = b"") -> tuple[bytes, str]:
+    """A form as pyroscope-go writes it (Go's mime/multipart file parts), and its type."""
+    boundary = "0e9551177e9a85d4"
+    parts = [("profile", "profile.pprof", raw), ("prev_profile", "profile.pprof", prev),
+             ("sample_type_config", "sample_type_config.json", config)]
+    body = b"".join(
+        f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"; filename="{fn}"\r\n'
+        f"Content-Type: application/octet-stream\r\n\r\n".encode() + data + b"\r\n"
+        for name, fn, data in parts if data) + f"--{boundary}--\r\n".encode()
+    return body, f"multipart/form-data; boundary={boundary}"
+
+
+def profile_of_form(body: bytes, content_type: str) -> Any:
+    from pipeline.receivers.pyroscope import parse_multipart
+
+    raw = parse_multipart(body, content_type)["profile"]
+    return Profile.FromString(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
+
+
+def heap(samples: list[tuple[list[str], list[int], dict[str, str]]],
+         reverse_ids: bool = False) -> Any:
+    """A Go-heap-like pprof: alloc_space/bytes (cumulative by default), inuse_space/bytes;
+    ``reverse_ids`` numbers the same locations the other way round."""
+    p = Profile()
+    strings = ["", "alloc_space", "bytes", "inuse_space", "space"]
+
+    def s(x: str) -> int:
+        if x not in strings:
+            strings.append(x)
+        return strings.index(x)
+    p.sample_type.add(type=1, unit=2)
+    p.sample_type.add(type=3, unit=2)
+    p.period_type.type, p.period_type.unit, p.period = 4, 2, 524288
+    names = sorted({n for frames, _, _ in samples for n in frames})
+    ids = {n: (len(names) - i if reverse_ids else i + 1) for i, n in enumerate(names)}
+    for n in names:
+        p.function.add(id=ids[n], name=s(n), filename=s("m.go"))
+        p.location.add(id=ids[n], line=[{"function_id": ids[n], "line": 1}])
+    for frames, values, labels in samples:
+        smp = p.sample.add(location_id=[ids[n] for n in frames], value=values)
+        for k, v in labels.items():
+            smp.label.add(key=s(k), str=s(v))
+    p.string_table.extend(strings)
+    return p
+
+
+def ingest(query: dict[str, str], body: bytes, content_type: str = "",
+           max_bytes: int = 1 << 20, **limits: int) -> list[Any]:
+    from pipeline.pyroscope.ingest import decode_ingest
+    from pipeline.pyroscope.pprof import Limits
+
+    return list(decode_ingest(query, content_type, body, max_bytes,
+                              Limits(**limits)).batch.samples)
+
+
+class TestIngestWithoutFormat:
+    """Issue #14: pyroscope-go v1.5.0 posts a multipart /ingest with no ``format``; the
+    body's format is decided as Pyroscope's server decides it, then checked."""
+
+    @pytest.mark.parametrize("name", ["cpu", "heap", "goroutine", "mutex"])
+    async def test_captured_go_sdk_uploads(self, server: Any, name: str) -> None:
+        """Each upload the real Go SDK sent (tests/clients/go/testdata) is a 200; CPU per
+        span equals the pprof's cpu/nanoseconds values per span_id label, and every sample
+        takes the start of the upload's range (``from``, in ns)."""
+        r, fake, url = server
+        req = json.loads((GO_FIXTURES / "requests.json").read_text())[name]
+        body = (GO_FIXTURES / f"{name}.bin").read_bytes()
+        assert "format=" not in req["query"] and "prev_profile" not in body.decode("latin-1")
+        async with aiohttp.ClientSession() as http:
+            async with http.post(url + "/ingest?" + req["query"], data=body,
+                                 headers={"Content-Type": req["content-type"]}) as resp:
+                assert resp.status == 200, await resp.text()
+        samples = [s for b in fake.batches for s in b.samples]
+        frm = int(dict(parse_qsl(req["query"]))["from"])
+        assert all(s.service == "goapp" and s.time_ns == frm and not s.timed for s in samples)
+        p = profile_of_form(body, req["content-type"])
+        st = p.string_table
+        if name == "cpu":
+            want: dict[bytes, int] = defaultdict(int)
+            for smp in p.sample:
+                labels = {st[lb.key]: st[lb.str] for lb in smp.label}
+                want[bytes.fromhex(labels["span_id"])] += smp.value[1]  # cpu/nanoseconds
+            got: dict[bytes, int] = defaultdict(int)
+            for s in samples:
+                assert s.measure == "cpu" and len(s.trace_id) == 16 and s.span_name == "crunch"
+                got[s.span_id] += s.value
+            assert got == want and got
+        else:  # heap, goroutines: raw "other" values; mutex: no contention, no samples
+            assert {s.measure for s in samples} <= {"other"}
+            assert len(samples) == {"heap": sum(1 for smp in p.sample for v in smp.value if v > 0),
+                                    "goroutine": len(p.sample), "mutex": 0}[name]
+
+    @pytest.mark.parametrize("frm", ["1700000000", "1700000000000", "1700000000000000",
+                                     "1700000000000000000"])
+    def test_from_in_s_ms_us_or_ns(self, frm: str) -> None:
+        """``from`` is read by its number of digits, as Pyroscope reads it; ``until``
+        before ``from`` (the Go SDK's last upload) is no error."""
+        body, ctype = go_form(gzip.compress(pprof([([1], 10, {"span_id": "00000000000000aa"})])))
+        (s,) = ingest({"name": "svc", "from": frm, "until": "1"}, body, ctype)
+        assert s.time_ns == 1_700_000_000 * 10**9 and s.span_id.hex() == "00000000000000aa"
+
+    @pytest.mark.parametrize("how", ["raw", "gzip"])
+    def test_raw_pprof_body_detected(self, how: str) -> None:
+        raw = pprof([([1, 2], 10, {"span_id": "00000000000000aa"})])
+        (s,) = ingest({"name": "svc"}, gzip.compress(raw) if how == "gzip" else raw)
+        assert (s.measure, s.value, s.span_id.hex()) == ("cpu", 10, "00000000000000aa")
+
+    @pytest.mark.parametrize("how", ["raw", "gzip", "crlf"])
+    def test_folded_text_detected(self, how: str) -> None:
+        """``a;b;c 12`` lines: root first, ticks at sampleRate (default 100 Hz); the same
+        stack twice is one record; no span labels, so no links."""
+        text = b"main;work 30\nmain;idle 2\nmain;work 5\n"
+        body = {"raw": text, "gzip": gzip.compress(text),
+                "crlf": text.replace(b"\n", b"\r\n")}[how]
+        got = ingest({"name": "shop.cpu{env=prod}", "from": "1700000000"}, body)
+        by_stack = {s.stack_id: s for s in got}
+        assert sorted((s.value, s.count, s.measure) for s in got) == [
+            (20_000_000, 2, "cpu"), (350_000_000, 35, "cpu")]
+        assert all(s.service == "shop" and not s.span_id and s.time_ns == 1_700_000_000 * 10**9
+                   for s in by_stack.values())
+
+    @pytest.mark.parametrize("query,measure,value,sample_type", [
+        ({"sampleRate": "1000"}, "cpu", 3_000_000, "samples"),
+        ({"sampleRate": "0"}, "cpu", 30_000_000, "samples"),  # the SDK's 0: the default
+        ({"name": "shop.wall"}, "wall", 30_000_000, "samples"),
+        ({"name": "shop.alloc_objects", "units": "objects"}, "other", 3, "alloc_objects"),
+        ({"name": "shop.alloc_objects"}, "other", 3, "alloc_objects"),  # units=samples
+    ])
+    def test_folded_units(self, query: dict[str, str], measure: str, value: int,
+                          sample_type: str) -> None:
+        (s,) = ingest({"name": "shop", **query}, b"main;work 3")
+        assert (s.measure, s.value, s.sample_type) == (measure, value, sample_type)
+
+    def test_lines_format_and_explicit_folded(self) -> None:
+        got = ingest({"name": "svc", "format": "lines"}, b"a;b\na;b\na;c\n")
+        assert sorted(s.count for s in got) == [1, 2]
+        assert [s.count for s in ingest({"name": "svc", "format": "folded"}, b"a 7")] == [7]
+
+    @pytest.mark.parametrize("body,ctype,text", [
+        (b"\x00\x01\xff\xfe not protobuf", "",
+         "body: not pprof (gzip/protobuf): pprof: not a valid profile"),
+        (b"\x00\x01\xff\xfe not protobuf", "", "; not folded text: byte 0x00 at offset 0 is "
+                                               "not text"),
+        (b"hello world", "", "body: not pprof (gzip/protobuf): it is text; not folded text: "
+                             "line 1: 'hello world' does not end in a sample count "
+                             "(expected 'a;b;c 12')"),
+        (b"a;;b 1", "", "line 1: an empty frame"),
+        (gzip.compress(b"\xff\xfe not pprof"), "", "not folded text: not UTF-8 at offset 0"),
+        (b"\x1f\x8b broken", "", "body: not valid gzip"),
+        (b"x 1", "multipart/form-data; boundary=X", "multipart form: cannot parse it"),
+    ])
+    async def test_undetectable_bodies_are_400_naming_why(self, server: Any, body: bytes,
+                                                          ctype: str, text: str) -> None:
+        """A body that is neither: 400 saying why for both, nothing delivered."""
+        r, fake, url = server
+        headers = {"Content-Type": ctype} if ctype else {}
+        async with aiohttp.ClientSession() as http:
+            async with http.post(url + "/ingest?name=svc", data=body, headers=headers) as resp:
+                assert resp.status == 400
+                assert text in await resp.text()
+        assert fake.batches == []
+
+    @pytest.mark.parametrize("query,text", [
+        ({"format": "jfr"}, "format=jfr: not supported; spanprof takes pprof, folded"),
+        ({"format": "bogus"}, "format='bogus': unknown"),
+        ({"from": "now-1h"}, "from='now-1h': not a Unix time (digits: s, ms, us or ns)"),
+        ({"from": "9" * 40}, "from='9999"),
+        ({"from": "99999999999"}, "from 99999999999000000000 is outside the storable"),
+    ])
+    def test_bad_query_values_name_the_parameter(self, query: dict[str, str],
+                                                 text: str) -> None:
+        with pytest.raises(InvalidData) as err:
+            ingest({"name": "svc", **query}, b"a;b 1")
+        assert text in str(err.value) and not isinstance(err.value, TooLarge)
+
+    def test_bounds_hold_on_every_path(self) -> None:
+        """max_decompressed_bytes, max_samples_per_request and max_stack_depth hold for a
+        detected body, a form's parts and folded text alike (413s naming the key)."""
+        bomb = gzip.compress(b"\0" * (2 << 20))
+        two = pprof([([1], 10, {}), ([2], 5, {})])
+        cases = [
+            ({}, bomb, ""),  # detected: inflated within the bound, then refused
+            ({}, *go_form(bomb)),
+            ({}, *go_form(gzip.compress(heap([(["a"], [1, 1], {})]).SerializeToString()),
+                          prev=bomb)),
+            ({"format": "folded"}, gzip.compress(b"a 1\n" * 300_000), ""),
+        ]
+        for query, body, ctype in cases:
+            with pytest.raises(TooLarge, match="max_decompressed_bytes"):
+                ingest({"name": "svc", **query}, body, ctype)
+        with pytest.raises(TooLarge, match="max_samples_per_request=2"):
+            ingest({"name": "svc"}, b"a 1\nb 1\nc 1", max_samples=2)
+        with pytest.raises(TooLarge, match="max_samples_per_request=1"):
+            ingest({"name": "svc"}, *go_form(two), max_samples=1)
+        with pytest.raises(TooLarge, match="stack depth limit 4"):
+            ingest({"name": "svc"}, b"a;b;c;d;e 1", max_stack_depth=4)
+
+
+class TestPrevProfile:
+    """Old Go SDKs sent cumulative heap/mutex/block profiles with the previous upload's
+    profile as ``prev_profile``; the cumulative sample types become deltas."""
+
+    def test_cumulative_types_become_deltas_per_stack_and_labels(self) -> None:
+        """alloc_space (cumulative by default) loses the previous value of the same stack
+        and labels, whatever the location ids; inuse_space (a gauge) is kept as it is; a
+        stack with nothing new is not a record; never below zero."""
+        prev = heap([(["alloc", "main"], [100, 7], {}),
+                     (["alloc", "main"], [30, 1], {"span_id": "00000000000000aa"}),
+                     (["grow", "main"], [90, 9], {})], reverse_ids=True)
+        cur = heap([(["alloc", "main"], [150, 70], {}),
+                    (["alloc", "main"], [30, 2], {"span_id": "00000000000000aa"}),
+                    (["grow", "main"], [80, 9], {}),  # went back: nothing new
+                    (["new", "main"], [40, 4], {})])
+        body, ctype = go_form(gzip.compress(cur.SerializeToString()),
+                              prev=prev.SerializeToString())
+        got = sorted((s.sample_type, s.value, s.span_id.hex())
+                     for s in ingest({"name": "svc"}, body, ctype))
+        assert got == [("alloc_space", 40, ""), ("alloc_space", 50, ""),
+                       ("inuse_space", 2, "00000000000000aa"), ("inuse_space", 4, ""),
+                       ("inuse_space", 9, ""), ("inuse_space", 70, "")]
+
+    def test_sample_type_config_says_which_are_cumulative(self) -> None:
+        """With a sample_type_config, its ``cumulative`` flags decide (it replaced
+        Pyroscope's defaults); without prev_profile nothing is subtracted."""
+        prev = heap([(["a"], [100, 5], {})]).SerializeToString()
+        cur = heap([(["a"], [150, 7], {})]).SerializeToString()
+        for config, want in ((b'{"alloc_space": {"units": "bytes"}}', [150, 7]),
+                             (b'{"inuse_space": {"cumulative": true}}', [150, 2]),
+                             (b"", [50, 7])):
+            body, ctype = go_form(cur, config, prev)
+            got = {s.sample_type: s.value for s in ingest({"name": "svc"}, body, ctype)}
+            assert [got.get("alloc_space"), got.get("inuse_space")] == want, config
+        body, ctype = go_form(cur)
+        assert sorted(s.value for s in ingest({"name": "svc"}, body, ctype)) == [7, 150]
+
+    def test_bad_prev_profile_is_400_naming_it(self) -> None:
+        cur = heap([(["a"], [150, 7], {})]).SerializeToString()
+        body, ctype = go_form(cur, prev=b"\xff\xfe garbage")
+        with pytest.raises(InvalidData, match="prev_profile: pprof: not a valid profile"):
+            ingest({"name": "svc"}, body, ctype)
+        dangling = heap([(["a"], [1, 1], {})])
+        dangling.sample[0].location_id[0] = 99
+        body, ctype = go_form(cur, prev=dangling.SerializeToString())
+        with pytest.raises(InvalidData, match="prev_profile: sample.0. references location 99"):
+            ingest({"name": "svc"}, body, ctype)

@@ -1,0 +1,143 @@
+"""A real Go program, traced by the OpenTelemetry Go SDK and profiled by ``pyroscope-go``
+v1.5.0 with ``otel-profiling-go`` v0.7.0 (issue #14: the most used Pyroscope SDK got a 400
+on every upload), against a running spanprof.
+
+The program is tests/clients/go (its go.mod pins the SDKs), built once per session from
+the Go module proxy into a cache that outlives the session, ``~/.cache/spanprof/go``
+(``SPANPROF_GO_CACHE``): the first build downloads and compiles the modules (about a
+minute), later ones take seconds. Go is on every machine of this project: no Go, or a
+build that fails, is a failure, never a skip.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, SpanprofProcess, clickhouse
+from tests.e2e.test_real_sdks import fmt, settled_spans
+
+pytestmark = pytest.mark.e2e
+APP = ROOT / "tests" / "clients" / "go"
+HEAVY = "main.burnCPUInHashLoop"  # the busy function, as Go names it in the profile
+ITERATIONS = 6
+CRUNCH_MS = 300
+IDLE_MS = 200
+
+
+def go_cache() -> Path:
+    return Path(os.environ.get("SPANPROF_GO_CACHE") or Path.home() / ".cache/spanprof/go")
+
+
+@pytest.fixture(scope="session")
+def go_app(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tests/clients/go built with the go.mod's versions (``-mod=readonly``: go.sum must
+    already hold them) and the local toolchain, modules and build cache kept across runs."""
+    go = shutil.which("go")
+    if go is None:
+        pytest.fail("go is not on PATH: the Go SDK test needs the Go toolchain", pytrace=False)
+    out = tmp_path_factory.mktemp("go-app") / "spanprof-go-app"
+    cache = go_cache()
+    env = dict(os.environ, GOMODCACHE=str(cache / "mod"), GOCACHE=str(cache / "build"),
+               GOTOOLCHAIN="local", CGO_ENABLED="0",
+               GOFLAGS="-mod=readonly -modcacherw -buildvcs=false")
+    try:
+        proc = subprocess.run([go, "build", "-o", str(out), "."], cwd=APP, env=env,
+                              capture_output=True, text=True, timeout=900)
+    except subprocess.TimeoutExpired as err:
+        pytest.fail(f"go build of {APP} took over 900 s:\n{err.stderr!r}", pytrace=False)
+    if proc.returncode != 0:
+        pytest.fail(f"go build of {APP} failed ({proc.returncode}):\n{proc.stderr[-4000:]}",
+                    pytrace=False)
+    return out
+
+
+def run_app(app: Path, sp: SpanprofProcess, service: str) -> dict[str, list[list[str]]]:
+    """The Go program against ``sp``; the hex (trace_id, span_id) of its spans."""
+    env = dict(os.environ, SERVICE=service, SPANPROF_OTLP_HTTP=sp.http_url,
+               SPANPROF_PYROSCOPE=sp.pyroscope_url, ITERATIONS=str(ITERATIONS),
+               CRUNCH_MS=str(CRUNCH_MS), IDLE_MS=str(IDLE_MS), UPLOAD_MS="1000")
+    proc = subprocess.run([str(app)], env=env, capture_output=True, text=True, timeout=90)
+    assert proc.returncode == 0, f"go app exited {proc.returncode}:\n{proc.stderr}"
+    # the SDK logs each refused upload: "upload profile: failed to upload. server
+    # responded with statusCode: '400' ..."
+    assert "upload profile" not in proc.stderr, proc.stderr
+    ids: dict[str, list[list[str]]] = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(ids["crunch"]) == len(ids["idle"]) == ITERATIONS
+    return ids
+
+
+class TestGoSdk:
+    def test_go_sdk_uploads_accepted_and_busy_function_tops_its_spans(
+            self, tmp_path: Path, go_app: Path) -> None:
+        """Every upload of the Go SDK (CPU, heap, goroutines, mutex, block: multipart
+        /ingest with no ``format``) is accepted; its CPU samples, labelled with the local
+        root span by otel-profiling-go, are joined to the spans the program exported over
+        OTLP/HTTP: ``main.burnCPUInHashLoop`` is the top self-CPU function of the
+        ``crunch`` spans, which have most of the CPU they burned; the sleeping ``idle``
+        spans have none to speak of."""
+        sp = SpanprofProcess(tmp_path)
+        sp.start()
+        try:
+            service = "go-sdk-app"
+            ids = run_app(go_app, sp, service)
+            crunch_ids = {sid for _, sid in ids["crunch"]}
+            idle_ids = {sid for _, sid in ids["idle"]}
+            by_id = settled_spans(sp, service, crunch_ids | idle_ids)
+            crunch = [by_id[sid] for sid in sorted(crunch_ids)]
+            idle = [by_id[sid] for sid in sorted(idle_ids)]
+            report = f"crunch:\n{fmt(crunch)}\nidle:\n{fmt(idle)}"
+            # no request refused (the receivers log each: pyroscope_request_refused, ...)
+            refused = [line for line in sp.logs().splitlines() if "_refused" in line]
+            assert refused == [], refused[:5]
+
+            for tid, sid in ids["crunch"] + ids["idle"]:
+                s = by_id[sid]
+                assert s["trace_id"] == tid and s["service"] == service, report
+
+            # each crunch span burns CRUNCH_MS of CPU time (however long that takes on a
+            # busy machine): the profiler's samples, at 100 Hz of CPU time, find most of it
+            cpu = sum(s["cpu_ns"] for s in crunch)
+            burned = ITERATIONS * CRUNCH_MS * 1_000_000
+            duration = sum(s["duration_ns"] for s in crunch)
+            print(f"go: crunch cpu/burned = {cpu / burned:.3f}, cpu/duration = "
+                  f"{cpu / duration:.3f}\n{report}")
+            assert 0.6 * burned < cpu <= duration + ITERATIONS * 20_000_000, report
+            by_function: Counter[str] = Counter()
+            for s in crunch:
+                for f in s["top_functions"]:
+                    by_function[f["name"]] += f["self_ns"]
+            assert by_function.most_common(1)[0][0] == HEAVY, report
+            assert by_function[HEAVY] > 0.7 * cpu, report
+            sampled = [s for s in crunch if s["sample_count"] > 0]
+            assert len(sampled) >= ITERATIONS - 1, report
+            assert all(s["top_functions"][0]["name"] == HEAVY for s in sampled), report
+            assert all("link" in s["method"].split(",") for s in sampled), report
+
+            idle_cpu = sum(s["cpu_ns"] for s in idle)
+            assert idle_cpu < 0.1 * sum(s["duration_ns"] for s in idle), report
+
+            tid, sid = ids["crunch"][-1]
+            trace = sp.get(f"/api/v1/traces/{tid}")
+            assert [s["span_id"] for s in trace["spans"]] == [sid], trace
+            assert trace["spans"][0]["cpu_ns"] == by_id[sid]["cpu_ns"], trace
+            assert sp.stop() == 0
+        finally:
+            if sp.proc is not None and sp.proc.poll() is None:
+                sp.stop(signal.SIGKILL)
+
+        with clickhouse(sp.data) as ch:  # the samples themselves, every kind the SDK sent
+            rows = ch.query("SELECT measure, sample_type, countIf(span_id != ''), count() "
+                            "FROM spanprof.profile_samples WHERE service = {s:String} "
+                            "GROUP BY measure, sample_type",
+                            parameters={"s": service}).result_rows
+        kinds = {(m, t): (linked, n) for m, t, linked, n in rows}
+        assert kinds[("cpu", "cpu")][0] > 0, kinds
+        assert {"alloc_space", "inuse_space", "goroutine"} <= {t for _, t in kinds}, kinds
