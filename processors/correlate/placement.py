@@ -93,15 +93,30 @@ class Placement:
         acc = self._acc_of(key, now)
         assert acc is not None
         self._items += acc.add(method, smp.measure, value, count, leaf, smp.stack_id)
-        if smp.measure != "cpu":
-            return
+        if smp.measure == "cpu":
+            self._lift(key, method, value, now)
+
+    def _lift(self, key: Key, method: str, value: int, now: float) -> None:
+        """Add CPU of the known span ``key`` to the inclusive CPU of its known ancestors in
+        the same service. Where the chain meets a parent not known yet, the CPU waits for
+        it in the trace's tree (``Tree.waiting``): whichever comes first, the span, its
+        parent or its samples, every ancestor gets its descendants' CPU."""
         tree = self.trees.get(key[0])
         info = tree.spans.get(key[1]) if tree is not None else None
         seen = {key[1]}
         while tree is not None and info is not None and info.parent_span_id:
             parent_id = info.parent_span_id
             parent = tree.spans.get(parent_id)
-            if parent is None or parent.service != info.service or parent_id in seen:
+            if parent is None:
+                if tree.waiting is None:
+                    tree.waiting = {}
+                waiting = tree.waiting.setdefault(parent_id, {})
+                wkey = (info.service, method)
+                if wkey not in waiting:
+                    self._items += 1
+                waiting[wkey] = waiting.get(wkey, 0) + value
+                break
+            if parent.service != info.service or parent_id in seen:
                 break
             seen.add(parent_id)
             pacc = self._acc_of((key[0], parent_id), now)
@@ -111,6 +126,26 @@ class Placement:
             pacc.m(method).incl_cpu += value
             self._items += METHOD_ITEMS * (len(pacc.by) - methods)
             info = parent
+
+    def _adopt(self, key: Key, info: SpanInfo, acc: Acc, now: float) -> None:
+        """A span just known: the CPU it already holds (its samples came first) goes up
+        to its ancestors, and the CPU of its descendants that waited for it comes in."""
+        for method, m in acc.by.items():
+            if m.cpu_ns:
+                self._lift(key, method, m.cpu_ns, now)
+        tree = self.trees.get(key[0])
+        waiting = tree.waiting.pop(key[1], None) if tree is not None and tree.waiting \
+            else None
+        if not waiting:
+            return
+        self._items -= len(waiting)
+        for (service, method), value in waiting.items():
+            if service != info.service:
+                continue  # inclusive CPU stays within a service
+            methods = len(acc.by)
+            acc.m(method).incl_cpu += value
+            self._items += METHOD_ITEMS * (len(acc.by) - methods)
+            self._lift(key, method, value, now)
 
     def _add_linked(self, smp: Sample, leaf: str, now: float) -> None:
         smp = self._resolve(smp)

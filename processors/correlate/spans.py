@@ -43,13 +43,16 @@ class Pending:
 
 
 class Tree:
-    """The known spans of one trace, with a children index built when first needed."""
+    """The known spans of one trace, with a children index built when first needed, and
+    ``waiting``: CPU of known spans whose parent is not known yet, by parent id, then
+    (service, method), to be added to that parent's inclusive CPU (and up) when it comes."""
 
-    __slots__ = ("spans", "_children")
+    __slots__ = ("spans", "_children", "waiting")
 
     def __init__(self) -> None:
         self.spans: dict[bytes, SpanInfo] = {}
         self._children: dict[bytes, list[bytes]] | None = None
+        self.waiting: dict[bytes, dict[tuple[str, str], int]] | None = None
 
     def add(self, span_id: bytes, info: SpanInfo) -> None:
         self.spans[span_id] = info

@@ -175,6 +175,7 @@ class CorrelatorState(Placement):
             acc = orphan.acc if orphan is not None else Acc(now, s.service)
             self.spans[key] = Pending(info, acc, now + self.grace)
             self._know(key, info)
+            self._adopt(key, info, acc, now)
             if orphan is not None and orphan.timed:
                 # placed after grace, once the span's children have come too
                 self.held.extend((now, smp, leaf) for smp, leaf in orphan.timed)
@@ -220,6 +221,8 @@ class CorrelatorState(Placement):
         if tree is not None:
             tree.remove(key[1])
             if not tree.spans:
+                if tree.waiting:
+                    self._items -= sum(len(w) for w in tree.waiting.values())
                 del self.trees[key[0]]
         first = info.start_ns // SLOT_NS
         last = min(max(first, (info.end_ns - 1) // SLOT_NS), first + MAX_SLOTS - 1)

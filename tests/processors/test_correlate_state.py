@@ -505,3 +505,58 @@ class TestConservation:
 
 def now_ns(now: float) -> int:
     return T0_NS + int(now * 1e9)
+
+
+# ---- property: inclusive CPU whatever the order of arrival --------------------------------
+
+# span i's parent is PARENTS[i] (an earlier span, or None); span 5 is another service's
+PARENTS = [None, 0, 0, 1, 3, 1]
+SERVICES = ["svc", "svc", "svc", "svc", "svc", "other"]
+IDS = [bytes([40 + i]) * 8 for i in range(len(PARENTS))]
+
+
+def _subtree_cpu(i: int, self_cpu: dict[int, int]) -> int:
+    """Self CPU of span i and of its descendants reached through its own service."""
+    kids = [k for k, p in enumerate(PARENTS) if p == i and SERVICES[k] == SERVICES[i]]
+    return self_cpu.get(i, 0) + sum(_subtree_cpu(k, self_cpu) for k in kids)
+
+
+class TestInclusiveInAnyOrder:
+    @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(order=st.permutations(list(range(len(PARENTS)))),
+           samples_=st.lists(st.tuples(st.integers(0, len(PARENTS) - 1),
+                                       st.integers(1, 1000), st.integers(0, 6)), max_size=12),
+           takes=st.lists(st.integers(0, 6), max_size=3))
+    def test_every_ancestor_gets_its_descendants_cpu(
+            self, order: list[int], samples_: list[tuple[int, int, int]],
+            takes: list[int]) -> None:
+        """Spans arrive one by one in any order, samples of any span before or after it
+        (position ``at``: after that many spans), reports in between: summed over its rows,
+        each span's inclusive CPU is its own plus its same-service descendants'."""
+        state = CorrelatorState(grace=1.0, orphan_timeout=10_000.0, late_window=10_000.0)
+        now = 0.0
+        self_cpu: dict[int, int] = defaultdict(int)
+        rows: list[Attribution] = []
+        for step in range(len(order) + 1):
+            for target, value, at in samples_:
+                if at == step:
+                    sid = IDS[target]
+                    state.add_samples(ProfileBatch([Sample(
+                        TRACE, sid, SERVICES[target], now_ns(now), 1, "cpu", value, 1, "cpu",
+                        "nanoseconds")], dict(STACKS)), now)
+                    self_cpu[target] += value
+            if step in takes:
+                now += 2.0
+                rows += state.take_due(now).attributions
+            if step < len(order):
+                i = order[step]
+                parent = IDS[PARENTS[i]] if PARENTS[i] is not None else b""
+                state.add_spans([Span(TRACE, IDS[i], parent, f"op{i}", 2, SERVICES[i],
+                                      T0_NS, T0_NS + 10)], now)
+                now += 0.1
+        rows += state.take_due(now + 1.0, force=True).attributions
+        incl: dict[bytes, int] = defaultdict(int)
+        for r in rows:
+            incl[r.span_id] += r.inclusive_cpu_ns
+        for i, sid in enumerate(IDS):
+            assert incl.get(sid, 0) == _subtree_cpu(i, self_cpu), (i, order, samples_)

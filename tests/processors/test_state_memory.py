@@ -106,7 +106,8 @@ def test_the_estimate_is_within_half_of_what_tracemalloc_measures(
 def _recount(state: CorrelatorState) -> int:
     accs = [p.acc for p in state.spans.values()] + [o.acc for o in state.orphans.values()]
     accs += [p.acc for p in state.late.values()]
-    return sum(a.items() for a in accs)
+    waiting = sum(len(w) for t in state.trees.values() for w in (t.waiting or {}).values())
+    return sum(a.items() for a in accs) + waiting
 
 
 ops = st.lists(st.tuples(st.sampled_from(["spans", "samples", "timed", "flush"]),
