@@ -25,6 +25,8 @@ test: venv lint
 
 bench: venv
 	$(BIN)/python bench/bench_pipeline.py
+	$(BIN)/python bench/bench_pipeline.py --no-queue
+	$(BIN)/python bench/bench_latency.py
 	$(BIN)/python bench/bench_kafka.py
 	$(BIN)/python bench/accuracy.py
 	$(BIN)/python bench/bench_storage.py

@@ -59,7 +59,9 @@ def profile_requests(keys: list[tuple[bytes, bytes]], n_samples: int, per_req: i
     for r in range(0, n_samples, per_req):
         b = ProfileBuilder()
         for i in range(r, min(r + per_req, n_samples)):
-            tid, sid = keys[i % len(keys)]
+            # a span's samples come together (a profiler's upload covers the span's
+            # whole duration), every span has some
+            tid, sid = keys[i * len(keys) // n_samples]
             b.sample(frames[i % len(frames)], 10_000_000, tid, sid, service=f"svc{i % 5}")
         reqs.append(b.build().SerializeToString())
     return reqs
@@ -123,14 +125,19 @@ def main() -> None:
     ap.add_argument("--spans-per-request", type=int, default=1000)
     ap.add_argument("--samples-per-request", type=int, default=10_000)
     ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--no-queue", action="store_true",
+                    help="acknowledge once inserted (no sending queue, as before)")
     args = ap.parse_args()
 
     print(f"building {args.spans} spans and {args.samples} samples ...")
     treqs, keys = trace_requests(args.spans, args.spans_per_request)
     preqs = profile_requests(keys, args.samples, args.samples_per_request)
     with tempfile.TemporaryDirectory(prefix="spanprof-bench-") as tmp:
-        p = SpanprofProcess(Path(tmp), grace="1s",
-                            exporter_extra="max_pending_rows: 2000000")
+        # as make run's config: acknowledged once logged, inserted in groups of 50 000 rows
+        extra = "max_pending_rows: 2000000" + (
+            "" if args.no_queue else
+            "\n    batch_rows: 50000\n    sending_queue: {enabled: true, max_mib: 4096}")
+        p = SpanprofProcess(Path(tmp), grace="1s", exporter_extra=extra)
         p.start()
         try:
             t_spans = blast(p.grpc_target, TRACE, treqs, args.concurrency)
@@ -152,6 +159,7 @@ def main() -> None:
             cpu = ch.query("SELECT sum(cpu_ns) FROM spanprof.span_attribution FINAL"
                            ).result_rows[0][0]
     print(f"\nembedded pipeline, OTLP/gRPC -> batch -> clickhouse + spancorrelator (chdb), "
+          f"{'no sending queue' if args.no_queue else 'sending queue'}, "
           f"{os.cpu_count()} cores, concurrency {args.concurrency}")
     rate = args.spans / t_spans
     print(f"  spans    {args.spans:>9} in {t_spans:6.2f}s  -> {rate:>10,.0f} spans/s"
