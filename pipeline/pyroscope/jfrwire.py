@@ -1,0 +1,531 @@
+"""The JFR wire as Java profilers write it: errors, limits, integers, strings, the
+metadata event (the recording's own description of its types), and the agent's labels
+snapshot (protobuf). ``jfr.py`` reads recordings with it.
+
+Facts of the format used here (JDK's JFR file format, as async-profiler writes it):
+
+* integers are LEB128-style varints when the chunk header's feature bit 0 ("compressed
+  integers") is set (always, for async-profiler and the JDK): 7 bits a byte, low bits first,
+  the 9th byte whole; ``int``s are their unsigned 32-bit pattern (-1: 5 bytes). Writers pad
+  some sizes (5-byte varints patched later), so non-minimal encodings are valid;
+* ``boolean`` and ``byte`` are one raw byte, ``float``/``double`` big-endian IEEE;
+* a string starts with an encoding byte: 0 null, 1 empty, 2 a reference into the string
+  constant pool (a varint), 3 UTF-8 and 5 Latin-1 (a varint length then the bytes), 4 a
+  UTF-16 char array (a varint length then one varint per char);
+* the metadata event holds a string table and a tree of elements (``root`` > ``metadata``
+  > ``class`` > ``field`` > ``annotation``) whose attributes are string-table indexes; a
+  class has ``name``, ``id``, ``superType``; a field ``name``, ``class`` (a type id),
+  ``constantPool="true"`` (a pool key is written, not the value) and ``dimension="1"``
+  (an array: a varint count, then the elements). Field types other than the primitives
+  and ``java.lang.String`` are written inline, field after field.
+
+Nothing read is trusted: every count and length is checked against the bytes left and
+against ``Limits`` before anything is allocated for it, and every failure is one
+``JfrError`` naming what was wrong and its byte offset in the recording.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+from typing import Any, NamedTuple
+
+from pipeline.errors import InvalidData, TooLarge
+from pipeline.otlp.bounds import MAX_STACK_DEPTH
+
+
+class JfrError(InvalidData, ValueError):
+    """A JFR recording or labels snapshot that cannot be read; the message says what was
+    wrong and at which byte."""
+
+
+class JfrTooLarge(JfrError, TooLarge):
+    """Within the format but over one of the ``Limits``; the message names the limit."""
+
+
+class Limits(NamedTuple):
+    """What one recording (and its labels snapshot) may hold. Each is checked before the
+    memory for it is taken."""
+
+    max_events: int = 1_000_000  # events of every type, in all chunks
+    max_stack_depth: int = MAX_STACK_DEPTH  # frames of one stack trace
+    max_pool_entries: int = 1_000_000  # constant-pool entries, all pools of all chunks
+    max_string_bytes: int = 64 << 20  # bytes of all strings decoded (metadata, pools, events)
+    max_frames: int = 4_000_000  # stack frames decoded in all stack traces
+    max_chunks: int = 256  # chunks in one recording
+    max_metadata_elements: int = 100_000  # elements of one chunk's metadata tree
+    max_labels: int = 1_000_000  # contexts, strings and labels of one labels snapshot
+
+
+DEFAULT_LIMITS = Limits()
+
+
+class Budget:
+    """What a recording has used of its ``Limits`` so far."""
+
+    __slots__ = ("limits", "events", "entries", "string_bytes", "frames")
+
+    def __init__(self, limits: Limits) -> None:
+        self.limits = limits
+        self.events = self.entries = self.string_bytes = self.frames = 0
+
+    def _over(self, key: str, at: int) -> JfrTooLarge:
+        return JfrTooLarge(f"jfr: more than {key}={getattr(self.limits, key)} "
+                           f"(at byte {at})")
+
+    def take_entries(self, n: int, at: int) -> None:
+        self.entries += n
+        if self.entries > self.limits.max_pool_entries:
+            raise self._over("max_pool_entries", at)
+
+    def take_string(self, n: int, at: int) -> None:
+        self.string_bytes += n
+        if self.string_bytes > self.limits.max_string_bytes:
+            raise self._over("max_string_bytes", at)
+
+    def take_frames(self, n: int, at: int) -> None:
+        if n > self.limits.max_stack_depth:
+            raise JfrTooLarge(f"jfr: a stack trace of {n} frames, more than max_stack_depth="
+                              f"{self.limits.max_stack_depth} (at byte {at})")
+        self.frames += n
+        if self.frames > self.limits.max_frames:
+            raise self._over("max_frames", at)
+
+
+def uvar(buf: bytes, pos: int) -> tuple[int, int]:
+    """The varint at ``pos`` -> (unsigned value, next position); IndexError past the end
+    of ``buf`` (callers hand each event its own bytes, so that is the event's end)."""
+    b = buf[pos]
+    if b < 0x80:
+        return b, pos + 1
+    v = b & 0x7F
+    for shift in (7, 14, 21, 28, 35, 42, 49):
+        pos += 1
+        b = buf[pos]
+        v |= (b & 0x7F) << shift
+        if b < 0x80:
+            return v, pos + 1
+    return v | (buf[pos + 1] << 56), pos + 2
+
+
+# One varint: up to 8 bytes with the high bit set and one without, or 9 bytes. findall
+# splits a run of varints exactly as reading them one after the other does, in C.
+VARINTS = re.compile(rb"[\x80-\xff]{0,8}[\x00-\x7f]|[\x80-\xff]{8}[\x00-\xff]")
+# the value of every varint of one or two bytes
+SHORT_VARINTS = {bytes([b]): b for b in range(0x80)} | {
+    bytes([lo, hi]): (lo & 0x7F) | (hi << 7) for lo in range(0x80, 0x100) for hi in range(0x80)}
+
+
+def varint_value(v: bytes) -> int:
+    """The value of one varint's bytes (as VARINTS matches them): the 7-bit groups of the
+    first 8 bytes packed together in three mask-and-shift steps, then the 9th byte."""
+    x = int.from_bytes(v[:8], "little") & 0x7F7F7F7F7F7F7F7F
+    x = (x & 0x007F007F007F007F) | ((x & 0x7F007F007F007F00) >> 1)
+    x = (x & 0x00003FFF00003FFF) | ((x & 0x3FFF00003FFF0000) >> 2)
+    x = (x & 0x000000000FFFFFFF) | ((x & 0x0FFFFFFF00000000) >> 4)
+    return x | (v[8] << 56) if len(v) == 9 else x
+
+
+def s64(v: int) -> int:
+    return v - (1 << 64) if v >= 1 << 63 else v
+
+
+def s32(v: int) -> int:
+    v &= 0xFFFFFFFF
+    return v - (1 << 32) if v >= 1 << 31 else v
+
+
+class PoolString(int):
+    """A string written as a reference to the string constant pool (encoding 2); it is
+    looked up once the pools are read."""
+
+
+def read_string(buf: bytes, pos: int, budget: Budget, base: int) -> tuple[Any, int]:
+    """A string at ``pos`` -> (str, None for null, or a PoolString; next position)."""
+    enc = buf[pos]
+    pos += 1
+    if enc == 0:
+        return None, pos
+    if enc == 1:
+        return "", pos
+    if enc == 2:
+        ref, pos = uvar(buf, pos)
+        return PoolString(ref), pos
+    if enc not in (3, 4, 5):
+        raise JfrError(f"jfr: unknown string encoding {enc} at byte {base + pos - 1}")
+    n, start = uvar(buf, pos)
+    left = len(buf) - start
+    if n > left:
+        raise JfrError(f"jfr: a string of {n} bytes at byte {base + pos}, {left} left")
+    budget.take_string(n, base + pos)
+    if enc == 3:
+        return buf[start:start + n].decode("utf-8", "replace"), start + n
+    if enc == 5:
+        return buf[start:start + n].decode("latin-1"), start + n
+    units = []  # UTF-16 code units, one varint each (so at most one per byte left)
+    p = start
+    for _ in range(n):
+        u, p = uvar(buf, p)
+        units.append(u & 0xFFFF)
+    return struct.pack(f">{n}H", *units).decode("utf-16-be", "replace"), p
+
+
+# --- metadata ----------------------------------------------------------------------------
+
+class Field(NamedTuple):
+    name: str
+    type_id: int
+    cpool: bool  # a constant-pool key is written
+    array: bool
+    unit: str  # the value of its @Timespan / @Timestamp annotation ("TICKS", ...), or ""
+
+
+class TypeDef(NamedTuple):
+    id: int
+    name: str
+    super_type: str
+    fields: tuple[Field, ...]
+    positions: dict[str, int]  # field name -> its first position
+
+    def field_at(self, name: str, types: dict[int, TypeDef], type_names: tuple[str, ...], *,
+                 cpool: bool = False, array: bool = False) -> int:
+        """Position of the field ``name`` if it is declared as expected (of one of
+        ``type_names``, a pool key or not, an array or not), else -1: a field of another
+        shape is ignored, never misread."""
+        i = self.positions.get(name, -1)
+        if i < 0:
+            return -1
+        f = self.fields[i]
+        t = types.get(f.type_id)
+        ok = t is not None and t.name in type_names and f.cpool == cpool and f.array == array
+        return i if ok else -1
+
+
+class _Element(NamedTuple):
+    name: str
+    attrs: dict[str, str]
+    children: list[_Element]
+
+
+_MAX_ELEMENT_DEPTH = 8  # root > metadata > class > field > annotation: 5 in practice
+
+
+def parse_metadata(buf: bytes, pos: int, base: int, budget: Budget) -> dict[int, TypeDef]:
+    """The metadata event whose payload (after size and type) starts at ``pos`` -> its
+    types by id."""
+    for _ in range(3):  # start time, duration, metadata id
+        _, pos = uvar(buf, pos)
+    n, p = uvar(buf, pos)
+    if n > len(buf) - p:
+        raise JfrError(f"jfr: metadata of {n} strings at byte {base + pos}, "
+                       f"{len(buf) - p} bytes left")
+    strings: list[str] = []
+    for _ in range(n):
+        s, p = read_string(buf, p, budget, base)
+        if isinstance(s, PoolString):
+            raise JfrError(f"jfr: metadata string refers to a constant pool (byte {base + p})")
+        strings.append(s or "")
+    count = [0]
+    root, p = _element(buf, p, base, strings, 0, count, budget.limits.max_metadata_elements)
+    if root.name != "root":
+        raise JfrError(f"jfr: metadata starts with element {root.name[:40]!r}, not 'root' "
+                       f"(byte {base + pos})")
+    classes = [c for m in root.children if m.name == "metadata" for c in m.children
+               if c.name == "class"]
+    names = {c.attrs.get("id", ""): c.attrs.get("name", "") for c in classes}
+    types: dict[int, TypeDef] = {}
+    for c in classes:
+        tid = _int_attr(c, "id", base + pos)
+        fields = []
+        for f in c.children:
+            if f.name != "field":
+                continue
+            unit = ""
+            for a in f.children:
+                if names.get(a.attrs.get("class", "")) in ("jdk.jfr.Timespan",
+                                                           "jdk.jfr.Timestamp"):
+                    unit = a.attrs.get("value", "")
+            dim = f.attrs.get("dimension", "0")
+            if dim not in ("0", "1"):
+                raise JfrError(f"jfr: field {f.attrs.get('name', '')[:40]!r} has dimension "
+                               f"{dim[:20]!r}, not 0 or 1 (metadata at byte {base + pos})")
+            fields.append(Field(f.attrs.get("name", ""), _int_attr(f, "class", base + pos),
+                                f.attrs.get("constantPool") == "true", dim == "1", unit))
+        positions: dict[str, int] = {}
+        for i, field in enumerate(fields):
+            positions.setdefault(field.name, i)
+        types[tid] = TypeDef(tid, c.attrs.get("name", ""), c.attrs.get("superType", ""),
+                             tuple(fields), positions)
+    return types
+
+
+def _int_attr(e: _Element, key: str, at: int) -> int:
+    v = e.attrs.get(key, "")
+    if not (v.isascii() and v.isdigit()) or len(v) > 19:
+        raise JfrError(f"jfr: metadata {e.name} {e.attrs.get('name', '')[:40]!r} has "
+                       f"{key}={v[:20]!r}, not a type id (metadata at byte {at})")
+    return int(v)
+
+
+def _element(buf: bytes, pos: int, base: int, strings: list[str], depth: int,
+             count: list[int], most: int) -> tuple[_Element, int]:
+    if depth > _MAX_ELEMENT_DEPTH:
+        raise JfrError(f"jfr: metadata elements nested more than {_MAX_ELEMENT_DEPTH} deep "
+                       f"(byte {base + pos})")
+    count[0] += 1
+    if count[0] > most:
+        raise JfrTooLarge(f"jfr: metadata of more than max_metadata_elements={most} "
+                          f"elements (byte {base + pos})")
+    at = pos
+    name, pos = _string_index(buf, pos, base, strings)
+    n, pos = uvar(buf, pos)
+    if n > (len(buf) - pos) // 2:
+        raise JfrError(f"jfr: metadata element with {n} attributes at byte {base + at}, "
+                       f"{len(buf) - pos} bytes left")
+    attrs = {}
+    for _ in range(n):
+        k, pos = _string_index(buf, pos, base, strings)
+        attrs[k], pos = _string_index(buf, pos, base, strings)
+    n, pos = uvar(buf, pos)
+    if n > (len(buf) - pos) // 3:
+        raise JfrError(f"jfr: metadata element with {n} children at byte {base + at}, "
+                       f"{len(buf) - pos} bytes left")
+    children = []
+    for _ in range(n):
+        child, pos = _element(buf, pos, base, strings, depth + 1, count, most)
+        children.append(child)
+    return _Element(name, attrs, children), pos
+
+
+def _string_index(buf: bytes, pos: int, base: int, strings: list[str]) -> tuple[str, int]:
+    i, p = uvar(buf, pos)
+    if i >= len(strings):
+        raise JfrError(f"jfr: metadata string index {i} at byte {base + pos}, "
+                       f"the table has {len(strings)}")
+    return strings[i], p
+
+
+# --- value layouts -----------------------------------------------------------------------
+
+# A Spec says how one value is written: (kind, argument, fewest bytes it takes).
+K_BYTE, K_VAR, K_F4, K_F8, K_STR, K_ARRAY, K_STRUCT = range(7)
+Spec = tuple[int, Any, int]
+_PRIMITIVES = {"boolean": K_BYTE, "byte": K_BYTE, "char": K_VAR, "short": K_VAR,
+               "int": K_VAR, "long": K_VAR, "float": K_F4, "double": K_F8,
+               "java.lang.String": K_STR}
+_MIN = {K_BYTE: 1, K_VAR: 1, K_F4: 4, K_F8: 8, K_STR: 1, K_ARRAY: 1}
+_MAX_NESTING = 16
+FRAME_TYPE = "jdk.types.StackFrame"
+
+
+class Layouts:
+    """The Spec of each type and field of one chunk's metadata, made when first needed."""
+
+    def __init__(self, types: dict[int, TypeDef]) -> None:
+        self.types = types
+        self._specs: dict[int, Spec] = {}
+
+    def of_type(self, tid: int, at: int) -> Spec:
+        """How a value of type ``tid`` is written where it is not a pool key (a pool entry)."""
+        return self._type(tid, at, ())
+
+    def of_field(self, f: Field, at: int) -> Spec:
+        spec = self._field(f, at, ())
+        if spec[2] == 0:
+            raise JfrError(f"jfr: field {f.name[:40]!r} is of a type with no fields "
+                           f"(metadata; byte {at})")
+        return spec
+
+    def _type(self, tid: int, at: int, outer: tuple[int, ...]) -> Spec:
+        spec = self._specs.get(tid)
+        if spec is not None:
+            return spec
+        t = self.types.get(tid)
+        if t is None:
+            raise JfrError(f"jfr: type id {tid} is not in the metadata (byte {at})")
+        kind = _PRIMITIVES.get(t.name)
+        if kind is not None:
+            spec = (kind, None, _MIN[kind])
+        else:
+            if tid in outer or len(outer) >= _MAX_NESTING:
+                raise JfrError(f"jfr: type {t.name[:60]!r} contains itself or nests more than "
+                               f"{_MAX_NESTING} deep (metadata; byte {at})")
+            fields = tuple(self._field(f, at, (*outer, tid)) for f in t.fields)
+            spec = (K_STRUCT, fields, sum(s[2] for s in fields))
+            for f, fs in zip(t.fields, fields, strict=True):
+                if fs[2] == 0:  # so that reading any value takes at least a byte per value
+                    raise JfrError(f"jfr: field {f.name[:40]!r} of type {t.name[:60]!r} is of "
+                                   f"a type with no fields (metadata; byte {at})")
+        self._specs[tid] = spec
+        return spec
+
+    def _field(self, f: Field, at: int, outer: tuple[int, ...]) -> Spec:
+        elem: Spec = (K_VAR, None, 1) if f.cpool else self._type(f.type_id, at, outer)
+        if not f.array:
+            return elem
+        t = self.types.get(f.type_id)
+        return (K_ARRAY, (elem, t is not None and t.name == FRAME_TYPE), 1)
+
+
+def read_value(spec: Spec, buf: bytes, pos: int, budget: Budget, base: int) -> tuple[Any, int]:
+    """A value written as ``spec`` says -> (value, next position). Structs become tuples of
+    their fields, arrays lists, pool keys and integers unsigned ints."""
+    kind = spec[0]
+    if kind == K_VAR:
+        return uvar(buf, pos)
+    if kind == K_STRUCT:
+        out = []
+        for s in spec[1]:
+            v, pos = read_value(s, buf, pos, budget, base)
+            out.append(v)
+        return tuple(out), pos
+    if kind == K_BYTE:
+        return buf[pos], pos + 1
+    if kind == K_STR:
+        return read_string(buf, pos, budget, base)
+    if kind == K_ARRAY:
+        n, p = uvar(buf, pos)
+        elem, frames = spec[1]
+        if n > (len(buf) - p) // max(1, elem[2]):
+            raise JfrError(f"jfr: an array of {n} values at byte {base + pos}, "
+                           f"{len(buf) - p} bytes left")
+        if frames:
+            budget.take_frames(n, base + pos)
+        items = []
+        for _ in range(n):
+            v, p = read_value(elem, buf, p, budget, base)
+            items.append(v)
+        return items, p
+    size = 4 if kind == K_F4 else 8
+    if pos + size > len(buf):
+        raise IndexError(pos)
+    return struct.unpack_from(">f" if size == 4 else ">d", buf, pos)[0], pos + size
+
+
+# --- the labels snapshot -----------------------------------------------------------------
+
+class LabelsSnapshot(NamedTuple):
+    """The agent's ``labels`` part: what its ``contextId`` and ``spanName`` numbers mean."""
+
+    contexts: dict[int, dict[str, str]]  # context id -> its labels
+    strings: dict[int, str]  # string id -> string (span names are among them)
+
+
+def parse_labels(data: bytes, limits: Limits = DEFAULT_LIMITS) -> LabelsSnapshot:
+    """The ``labels`` part (protobuf, Pyroscope's ``jfr_labels.proto``)::
+
+        message LabelsSnapshot { map<int64, Context> contexts = 1; map<int64, string> strings = 2; }
+        message Context { map<int64, int64> labels = 1; }  // string id -> string id
+
+    A map entry is a message of ``key = 1``, ``value = 2``; unknown fields are skipped, a
+    repeated key keeps its last value (protobuf's rules). A label naming a string the
+    snapshot lacks is an error. ``JfrError`` if it cannot be read, ``JfrTooLarge`` over
+    ``max_labels`` (contexts, strings and labels together)."""
+    data = bytes(data)
+    if data[:2] == b"\x1f\x8b":
+        raise JfrError("labels: the snapshot is gzip-compressed: inflate it first")
+    raw: dict[int, dict[int, int]] = {}
+    strings: dict[int, str] = {}
+    count = 0
+    try:
+        for field, s, e, at in _pb_fields(data, 0, len(data)):
+            count += 1
+            if count > limits.max_labels:
+                raise JfrTooLarge(f"labels: more than max_labels={limits.max_labels} "
+                                  f"entries (byte {at})")
+            if field == 1:
+                key, (cs, ce) = _pb_entry(data, s, e, at, value_is_bytes=True)
+                labels = raw[s64(key)] = {}
+                for f, ls, le, lat in _pb_fields(data, cs, ce):
+                    if f == 1:
+                        count += 1
+                        if count > limits.max_labels:
+                            raise JfrTooLarge(f"labels: more than max_labels="
+                                              f"{limits.max_labels} entries (byte {lat})")
+                        k, v = _pb_entry(data, ls, le, lat, value_is_bytes=False)
+                        labels[s64(k)] = s64(v)
+            elif field == 2:
+                key, (vs, ve) = _pb_entry(data, s, e, at, value_is_bytes=True)
+                strings[s64(key)] = data[vs:ve].decode("utf-8", "replace")
+    except IndexError:
+        raise JfrError("labels: the snapshot ends inside a field") from None
+    contexts = {}
+    for cid, labels in raw.items():
+        out = {}
+        for k, v in labels.items():
+            if k not in strings or v not in strings:
+                raise JfrError(f"labels: context {cid} has a label {k}={v}; the snapshot has "
+                               f"no string {k if k not in strings else v}")
+            out[strings[k]] = strings[v]
+        contexts[cid] = out
+    return LabelsSnapshot(contexts, strings)
+
+
+def _pb_var(buf: bytes, pos: int) -> tuple[int, int]:
+    v = 0
+    for i in range(10):
+        b = buf[pos + i]
+        v |= (b & 0x7F) << (7 * i)
+        if b < 0x80:
+            return v & 0xFFFFFFFFFFFFFFFF, pos + i + 1
+    raise JfrError(f"labels: a varint of more than 10 bytes at byte {pos}")
+
+
+def _pb_fields(buf: bytes, pos: int, end: int) -> Any:
+    """The length-delimited fields of the message in buf[pos:end] -> (field number, start,
+    end, offset of the tag); fields of other wire types are checked and skipped."""
+    while pos < end:
+        at = pos
+        tag, pos = _pb_var(buf, pos)
+        field, wire = tag >> 3, tag & 7
+        if wire == 0:
+            _, pos = _pb_var(buf, pos)
+        elif wire in (1, 5):
+            pos += 8 if wire == 1 else 4
+        elif wire == 2:
+            n, pos = _pb_var(buf, pos)
+            if n > end - pos:
+                raise JfrError(f"labels: a field of {n} bytes at byte {at}, "
+                               f"{end - pos} left")
+            yield field, pos, pos + n, at
+            pos += n
+        else:
+            raise JfrError(f"labels: wire type {wire} (field {field}) at byte {at}")
+        if pos > end:
+            raise JfrError(f"labels: the field at byte {at} runs past its message")
+
+
+def _pb_entry(buf: bytes, pos: int, end: int, at: int,
+              value_is_bytes: bool) -> tuple[int, Any]:
+    """A map entry: (key, value) where the value is an integer or a (start, end) span."""
+    key, value = 0, ((end, end) if value_is_bytes else 0)
+    while pos < end:
+        tag_at = pos
+        tag, pos = _pb_var(buf, pos)
+        field, wire = tag >> 3, tag & 7
+        if field == 1 and wire == 0:
+            key, pos = _pb_var(buf, pos)
+        elif field == 2 and wire == (2 if value_is_bytes else 0):
+            if value_is_bytes:
+                n, pos = _pb_var(buf, pos)
+                if n > end - pos:
+                    raise JfrError(f"labels: a value of {n} bytes at byte {tag_at}, "
+                                   f"{end - pos} left")
+                value, pos = (pos, pos + n), pos + n
+            else:
+                value, pos = _pb_var(buf, pos)
+        elif field in (1, 2):
+            raise JfrError(f"labels: map entry field {field} has wire type {wire} "
+                           f"(byte {tag_at})")
+        elif wire == 0:
+            _, pos = _pb_var(buf, pos)
+        elif wire in (1, 5):
+            pos += 8 if wire == 1 else 4
+        elif wire == 2:
+            n, pos = _pb_var(buf, pos)
+            pos += n
+        else:
+            raise JfrError(f"labels: wire type {wire} (field {field}) at byte {tag_at}")
+        if pos > end:
+            raise JfrError(f"labels: the map entry at byte {at} runs past its end")
+    return key, value
