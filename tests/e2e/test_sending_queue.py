@@ -1,7 +1,8 @@
 """The ClickHouse exporter's sending queue, end to end: requests acknowledged while
 ClickHouse refuses every insert (they are logged on local disk), the process SIGKILLed,
 started again with ClickHouse back: every span, sample and attribution stored exactly
-once (pipeline/exporters/clickhouse/queue.py)."""
+once (pipeline/exporters/clickhouse/queue.py). A kill right after acknowledging, and the
+client's resend, is in test_resend_after_crash.py."""
 
 from __future__ import annotations
 
@@ -38,21 +39,6 @@ class TestSendingQueue:
         (flags / "clickhouse_down").unlink()
         p.start()  # the log is inserted before the pipeline takes anything new
         assert "queue_replayed" in p.logs()
-        assert p.stop(signal.SIGTERM) == 0
-        spans, samples, cpu = _stored(p.data)
-        assert (spans, samples) == (20, 20)
-        assert cpu == want
-
-    def test_killed_right_after_acknowledging(self, tmp_path: Path) -> None:
-        """Killed as soon as the client heard back, ClickHouse working: stored once, and a
-        resend of the same requests to the restarted process is recognised."""
-        p = SpanprofProcess(tmp_path, grace="1s", exporter_extra=QUEUE)
-        p.start()
-        traces, profiles, want = _requests()
-        _send(p, traces, profiles)
-        p.stop(signal.SIGKILL)
-        p.start()
-        _send(p, traces, profiles)  # the client's resend after its timeout
         assert p.stop(signal.SIGTERM) == 0
         spans, samples, cpu = _stored(p.data)
         assert (spans, samples) == (20, 20)
