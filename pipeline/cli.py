@@ -1,7 +1,8 @@
 """``spanprof``: run | validate | top | explain | hot | diff | flamegraph | schema.
 
 Exit codes: 0 success, 1 runtime failure (e.g. the API is unreachable), 2 bad configuration
-or bad usage.
+or bad usage (also an installed opentelemetry-proto whose profiles layout is too old:
+``pipeline/otlp/layout.py``).
 
 ``run`` and ``validate`` take the components spanprof ships from
 ``pipeline.registry.default_factories()``, which imports them (grpc, aiokafka,
@@ -41,9 +42,12 @@ def _config_errors(err: ConfigError) -> int:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     """Every problem in one run (pipeline.config collects them), exit 2; nothing starts."""
+    from pipeline.otlp.layout import check_profiles_layout
+
     configure("warning")  # build() warns about unused components: on stderr, redacted
     factories = default_factories()
     try:
+        check_profiles_layout()
         cfg = load_file(args.config, factories)
         build(cfg, factories)
     except ConfigError as err:
@@ -55,10 +59,12 @@ def cmd_validate(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     """Exit 2 on a configuration problem, including one found at start-up (a port taken,
     ClickHouse unreachable): one line naming the key; 1 if the service fails later."""
+    from pipeline.otlp.layout import check_profiles_layout
     from pipeline.service import Service
 
     factories = default_factories()
     try:
+        check_profiles_layout()
         cfg = load_file(args.config, factories)
     except ConfigError as err:
         return _config_errors(err)

@@ -7,12 +7,24 @@ Collector's ``partition_traces_by_id``, but one message per partition per reques
         brokers: [kafka-0:9092]
         traces: {topic: otlp_spans}
         profiles: {topic: otlp_profiles}
-        partitioner: murmur2        # Kafka's default; sarama_compat = the Collector's default
+        partitioner: sarama_compat  # the Collector's default; murmur2 = Kafka's Java client
         producer:
           compression: zstd         # none | gzip | snappy | lz4 | zstd
           max_message_bytes: 1000000
           linger: 5ms
         timeout: 10s                # waiting for Kafka's acknowledgement
+
+``partitioner`` decides which partition a trace id's key goes to, and must be what every
+other writer of these topics uses, or a trace's spans and samples reach different correlator
+workers. The default, ``sarama_compat``, is the OpenTelemetry Collector Kafka exporter's
+default (``record_partitioner: {sticky_key: {hasher: sarama_compat}}``: FNV-1a 32, Sarama's
+remainder; ``pipeline/kafka``), so spanprof gateways and Collector gateways with
+``partition_traces_by_id: true`` and the default partitioner can share the topics. Pick
+``murmur2`` (Kafka's Java client; the Collector's ``hasher: murmur2``) only when the other
+writers use that. ``murmur2`` was spanprof's default before: changing the partitioner of a
+running tier moves traces to other partitions (traces in flight across the change may be
+split, as with a new partition count), so a tier that should keep its placement sets
+``partitioner: murmur2`` explicitly.
 
 Every message is keyed by trace (the join depends on it). Spans and samples are grouped
 by partition: one message per partition a request touches, keyed by the first of its
@@ -40,7 +52,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from pipeline.config import NonNegDuration, PositiveInt
 from pipeline.errors import ConfigError, InvalidData, Retryable
-from pipeline.kafka import ClientConfig, PartitionerName, partitioner
+from pipeline.kafka import PARTITIONERS, ClientConfig, PartitionerName, partitioner
 from pipeline.otlp.split import halve_profiles, halve_traces, split_profiles, split_traces
 from pipeline.otlp.wire import split_trace_bytes
 from pipeline.records import Batch, ProfileBatch, SpanBatch
@@ -54,7 +66,7 @@ class ProducerConfig(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class Config(ClientConfig, forbid_unknown_fields=True):
-    partitioner: PartitionerName = "murmur2"
+    partitioner: PartitionerName = "sarama_compat"  # the Collector's default (pipeline/kafka)
     producer: ProducerConfig = msgspec.field(default_factory=ProducerConfig)
 
     def validate(self) -> None:
@@ -93,9 +105,7 @@ class KafkaExporter:
 
     @property
     def _partition_fn(self) -> Any:
-        from pipeline.kafka import murmur2_partition, sarama_partition
-
-        return sarama_partition if self.cfg.partitioner == "sarama_compat" else murmur2_partition
+        return PARTITIONERS[self.cfg.partitioner]
 
     async def start(self) -> None:
         self.producer = self._new_producer()

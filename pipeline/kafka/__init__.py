@@ -1,4 +1,16 @@
-"""Kafka transport shared by the exporter and the receiver: partitioners, client settings."""
+"""Kafka transport shared by the exporter and the receiver: partitioners, client settings.
+
+The join needs every span and sample of a trace on the same partition number of both topics,
+whoever wrote them. The OpenTelemetry Collector's Kafka exporter (contrib; now on franz-go,
+v0.165.1 read) defaults to ``record_partitioner: {sticky_key: {hasher: sarama_compat}}``:
+franz-go's ``StickyKeyPartitioner(SaramaCompatHasher(fnv32a))`` (``kafkaexporter/factory.go``,
+``partitioner.go``, ``internal/kafka/franz_client.go``, franz-go ``pkg/kgo/partitioner.go``),
+which reproduces the partitions of Sarama's default hash partitioner that its Sarama-based
+releases used: FNV-1a 32 of the key taken as int32, Go's truncating remainder, negated if
+negative. ``sarama_compat`` is that, and spanprof's default; ``murmur2`` (the Java client's
+default, the Collector's ``hasher: murmur2``) is the alternative. The Collector keys a trace
+message by the trace id's lowercase hex only with ``partition_traces_by_id: true``.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +22,7 @@ import msgspec
 
 from pipeline.config import Duration
 
-PartitionerName = Literal["murmur2", "sarama_compat"]
+PartitionerName = Literal["sarama_compat", "murmur2"]
 
 
 _M32 = 0xFFFFFFFF
@@ -50,16 +62,25 @@ def fnv1a_32(data: bytes) -> int:
 
 
 def sarama_partition(key: bytes, n: int) -> int:
-    """Sarama's hash partitioner (the Collector's ``sarama_compat``): FNV-1a 32, taken as a
-    signed int32, Go's truncating remainder, then made non-negative."""
+    """Sarama's hash partitioner, the Collector's default (``sticky_key`` with the
+    ``sarama_compat`` hasher): FNV-1a 32, taken as a signed int32, Go's truncating
+    remainder, then made non-negative (``-(h % n)`` in Go is ``abs(h) % n``)."""
     h = fnv1a_32(key)
     signed = h - (1 << 32) if h & 0x80000000 else h
     return abs(signed) % n
 
 
 def murmur2_partition(key: bytes, n: int) -> int:
-    """The Java client's default: ``toPositive(murmur2(key)) % n``."""
+    """The Java client's default: ``toPositive(murmur2(key)) % n`` (franz-go's
+    ``KafkaHasher(murmur2)``, the Collector's ``hasher: murmur2``)."""
     return int(murmur2(key) & 0x7FFFFFFF) % n
+
+
+# name -> (key, partition count) -> partition; the first is the default
+PARTITIONERS: dict[PartitionerName, Callable[[bytes, int], int]] = {
+    "sarama_compat": sarama_partition,
+    "murmur2": murmur2_partition,
+}
 
 
 def partitioner(name: PartitionerName) -> Callable[[bytes | None, Sequence[int], Sequence[int]],
@@ -67,7 +88,7 @@ def partitioner(name: PartitionerName) -> Callable[[bytes | None, Sequence[int],
     """An aiokafka ``partitioner=`` callable. Keyless messages go to any available partition."""
     import random
 
-    fn = sarama_partition if name == "sarama_compat" else murmur2_partition
+    fn = PARTITIONERS[name]
 
     def choose(key: bytes | None, all_partitions: Sequence[int],
                available: Sequence[int]) -> int:

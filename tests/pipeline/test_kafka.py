@@ -3,31 +3,46 @@
 from __future__ import annotations
 
 import asyncio
+import math
+import random
+import struct
 import time
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from opentelemetry.proto.collector.profiles.v1development import profiles_service_pb2 as pps
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as tps
 
+from pipeline.config import load_file
 from pipeline.errors import Retryable
 from pipeline.exporters.kafka import Config as ExporterConfig
 from pipeline.exporters.kafka import KafkaExporter, ProducerConfig
-from pipeline.kafka import TopicConfig, fnv1a_32, murmur2_partition, sarama_partition
+from pipeline.kafka import (
+    PARTITIONERS,
+    PartitionerName,
+    TopicConfig,
+    fnv1a_32,
+    murmur2_partition,
+    partitioner,
+    sarama_partition,
+)
 from pipeline.otlp.builder import ProfileBuilder
 from pipeline.otlp.profiles import decode_profiles
 from pipeline.otlp.traces import decode_traces
 from pipeline.receivers.kafka import Config as ReceiverConfig
 from pipeline.receivers.kafka import KafkaReceiver
 from pipeline.records import Batch, SpanBatch
-from pipeline.registry import Context
+from pipeline.registry import Context, default_factories
 from tests.kafka_broker import create_topics
 from tests.pipeline.receivers.test_otlp_grpc import TID, span_request
 
 PARTITIONS = 6
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class TestPartitioners:
@@ -45,6 +60,55 @@ class TestPartitioners:
         # 0xbf9cf968 is negative as int32: -1080231576; Go: -(-1080231576 % 6) = 0
         assert sarama_partition(b"foobar", 6) == 1080231576 % 6
         assert sarama_partition(b"a", 7) == (0x100000000 - 0xE40C292C) % 7
+
+    def test_sarama_compat_is_franz_go_sarama_compat_hasher(self) -> None:
+        """What the Collector's exporter runs, franz-go's ``SaramaCompatHasher(fnv32a)``,
+        spelled out with Go's semantics (``p := int32(h) % int32(n); if p < 0 { p = -p }``,
+        a remainder with the dividend's sign) gives sarama_compat's partition for trace-id
+        keys and any partition count."""
+        rng = random.Random(3)
+        for _ in range(2000):
+            key = rng.randbytes(16).hex().encode()
+            n = rng.randint(1, 300)
+            h = struct.unpack("<i", struct.pack("<I", fnv1a_32(key)))[0]
+            p = int(math.fmod(h, n))
+            assert sarama_partition(key, n) == (-p if p < 0 else p)
+
+    def test_default_is_the_collectors(self) -> None:
+        """Unset (``{}``) and in the shipped gateway config, the exporter's partitioner is
+        sarama_compat, the Collector Kafka exporter's default; the aiokafka partitioner
+        built from each name picks that name's partition."""
+        assert msgspec.convert({}, ExporterConfig).partitioner == "sarama_compat"
+        assert list(PARTITIONERS)[0] == "sarama_compat"
+        gateway = load_file(str(ROOT / "config" / "gateway.yaml"), default_factories(), env={})
+        assert gateway.exporters["kafka"].partitioner == "sarama_compat"
+        parts = list(range(100, 112))
+        keys = [random.Random(i).randbytes(16).hex().encode() for i in range(50)]
+        for name, fn in PARTITIONERS.items():
+            choose = partitioner(name)
+            for t in keys:
+                assert choose(t, parts, parts) == parts[fn(t, len(parts))]
+
+    @pytest.mark.parametrize("name", ["sarama_compat", "murmur2"])
+    def test_messages_are_grouped_by_the_configured_partitioner(
+            self, name: PartitionerName) -> None:
+        """With the partition count known, a request becomes one message per partition of
+        the configured partitioner, keyed by a trace of that partition (no broker needed)."""
+        ex = KafkaExporter(ExporterConfig(partitioner=name),
+                           Context("kafka", ["traces", "profiles"]))
+        tids = [bytes([i + 1]) * 16 for i in range(24)]
+        req = tps.ExportTraceServiceRequest()
+        for t in tids:
+            req.MergeFrom(span_request([bytes([7]) * 8], trace_id=t))
+        fn = PARTITIONERS[name]
+        msgs = ex.messages(decode_traces(req).batch, partitions=PARTITIONS)
+        assert len(msgs) == len({fn(t.hex().encode(), PARTITIONS) for t in tids})
+        for _, key, value in msgs:
+            assert key is not None
+            got = {bytes(s.trace_id).hex() for rs in tps.ExportTraceServiceRequest.FromString(
+                value).resource_spans for ss in rs.scope_spans for s in ss.spans}
+            assert key.decode() in got
+            assert {fn(t.encode(), PARTITIONS) for t in got} == {fn(key, PARTITIONS)}
 
 
 async def _read_all(bootstrap: str, topic: str, n: int, within: float = 30.0) -> list[Any]:
@@ -78,12 +142,16 @@ def _exporter(bootstrap: str, topics: tuple[str, str], **kw: Any) -> KafkaExport
 
 
 class TestKafkaExporter:
+    @pytest.mark.parametrize("name", [None, "murmur2"])
     async def test_messages_per_partition_keyed_and_copartitioned(
-            self, kafka_broker: Any, topics: tuple[str, str]) -> None:
+            self, kafka_broker: Any, topics: tuple[str, str], name: PartitionerName | None
+    ) -> None:
         """Span and sample messages are plain OTLP requests grouping the traces of one
         partition, keyed by one of them (one message per partition per request); a trace's
-        spans and samples land on the same partition, the murmur2 one."""
-        ex = _exporter(kafka_broker.bootstrap, topics)
+        spans and samples land on the same partition, the configured partitioner's
+        (unset: sarama_compat's)."""
+        ex = _exporter(kafka_broker.bootstrap, topics, **({"partitioner": name} if name else {}))
+        part = PARTITIONERS[name or "sarama_compat"]
         await ex.start()
         tids = [bytes([i + 1]) * 16 for i in range(8)]
         req = tps.ExportTraceServiceRequest()
@@ -97,7 +165,7 @@ class TestKafkaExporter:
         await ex.consume(decode_profiles(b.build()).batch)
         await ex.shutdown()
 
-        n_parts = len({murmur2_partition(t.hex().encode(), PARTITIONS) for t in tids})
+        n_parts = len({part(t.hex().encode(), PARTITIONS) for t in tids})
         assert 1 < n_parts < len(tids)
         spans = await _read_all(kafka_broker.bootstrap, topics[0], n_parts)
         n_sample_msgs = n_parts + 1  # and the unlinked samples
@@ -109,9 +177,9 @@ class TestKafkaExporter:
             got = [bytes(s.trace_id).hex() for rs in msg.resource_spans
                    for ss in rs.scope_spans for s in ss.spans]
             assert rec.key.decode() in got
-            assert rec.partition == murmur2_partition(rec.key, PARTITIONS)
+            assert rec.partition == part(rec.key, PARTITIONS)
             for t in got:
-                assert murmur2_partition(t.encode(), PARTITIONS) == rec.partition
+                assert part(t.encode(), PARTITIONS) == rec.partition
                 span_part[t.encode()] = rec.partition
             assert len(got) == 2 * len(set(got))  # both spans of each trace
         assert len(span_part) == len(tids)
