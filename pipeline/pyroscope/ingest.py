@@ -13,7 +13,9 @@ else folded text):
   inflated if it is gzip (within ``max_decompressed_bytes``), then read as pprof if it is
   binary and as folded text if it is text. What fits neither is a 400 saying why for
   both: ``body: not pprof (gzip/protobuf): ...; not folded text: ...``.
-* other formats (``jfr``, ``trie``, ``tree``, ``speedscope``): a 400 naming them.
+* ``format=jfr`` (the Java agent): a form with ``jfr`` and ``labels`` parts, or the
+  recording as the body (``pipeline/pyroscope/jfringest.py``);
+* other formats (``trie``, ``tree``, ``speedscope``): a 400 naming them.
 
 Times: ``from`` and ``until`` are Unix times in s, ms, us or ns (by their number of
 digits, as Pyroscope reads them; ``pyroscope-go`` sends ns). A profile has no time per
@@ -34,7 +36,7 @@ from pipeline.errors import InvalidData, TooLarge
 from pipeline.otlp import jsonwire
 from pipeline.otlp.bounds import time_problem
 from pipeline.otlp.common import UNKNOWN_SERVICE
-from pipeline.pyroscope import delta, folded, pprof
+from pipeline.pyroscope import delta, folded, jfringest, pprof
 from pipeline.receivers.limits import gunzip_limited
 from pipeline.records import ProfileBatch
 
@@ -42,8 +44,8 @@ from pipeline.records import ProfileBatch
 PROFILE_SUFFIXES = (".cpu", ".wall", ".itimer", ".alloc_objects", ".alloc_space",
                     ".inuse_objects", ".inuse_space", ".lock_count", ".lock_duration")
 TEXT_FORMATS = {"folded": True, "groups": True, "lines": False}  # -> lines carry a count
-OTHER_FORMATS = ("jfr", "trie", "tree", "speedscope")
-TAKEN = "pprof, folded (groups) and lines"
+OTHER_FORMATS = ("trie", "tree", "speedscope")
+TAKEN = "pprof, jfr, folded (groups) and lines"
 _DIGIT_UNITS = {13: 1_000_000, 16: 1_000, 19: 1}  # ms, us, ns; any other length: seconds
 
 
@@ -185,13 +187,19 @@ def decode_ingest(query: Mapping[str, str], content_type: str, body: bytes,
     fmt = query.get("format", "")
     if fmt in OTHER_FORMATS:
         raise InvalidData(f"format={fmt}: not supported; spanprof takes {TAKEN}")
-    if fmt and fmt != "pprof" and fmt not in TEXT_FORMATS:
+    if fmt and fmt not in ("pprof", "jfr") and fmt not in TEXT_FORMATS:
         raise InvalidData(f"format={fmt[:40]!r}: unknown; spanprof takes {TAKEN}")
     service, _, kind = parse_name(query.get("name", ""))
     r = _Request(service, kind, parse_time(query.get("from", ""), "from"),
                  query.get("units", ""), _sample_rate(query.get("sampleRate", "")),
                  max_bytes, limits)
-    if content_type.lower().startswith("multipart/"):
+    multipart = content_type.lower().startswith("multipart/")
+    if fmt == "jfr":
+        parts = parse_multipart(body, content_type) if multipart else {"jfr": body}
+        rec, labels = parts.get("jfr", b""), parts.get("labels", b"")
+        return Ingested(jfringest.decode_jfr(rec, labels, service, r.sample_rate, max_bytes,
+                                             limits), (rec, labels))
+    if multipart:
         parts = parse_multipart(body, content_type)
         data = parts.get("profile", b"")
         if not data:

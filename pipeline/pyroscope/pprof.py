@@ -83,7 +83,7 @@ def _is_digits(v: str) -> bool:
     return v.isascii() and v.isdigit()
 
 
-def _span_id(value: str, num: int) -> bytes | None:
+def span_id_of(value: str, num: int) -> bytes | None:
     if value:
         v = value.strip().lower()
         if len(v) == 16:
@@ -100,7 +100,7 @@ def _span_id(value: str, num: int) -> bytes | None:
     return None
 
 
-def _trace_id(value: str) -> bytes:
+def trace_id_of(value: str) -> bytes:
     v = value.strip().lower()
     if len(v) == 32:
         try:
@@ -239,9 +239,9 @@ def _labels(smp: Any, n: int, s: Strings, key_kind: dict[int, int], limits: Limi
         if kind is None:
             kind = key_kind[lb.key] = _LABEL_KIND.get(s(lb.key, "label key"), _OTHER)
         if kind == _SPAN and span is None:
-            span = _span_id(s(lb.str, "label value") if lb.str else "", int(lb.num))
+            span = span_id_of(s(lb.str, "label value") if lb.str else "", int(lb.num))
         elif kind == _TRACE:
-            trace = _trace_id(s(lb.str, "label value"))
+            trace = trace_id_of(s(lb.str, "label value"))
         elif kind == _THREAD_ID:
             v = s(lb.str, "label value") if lb.str else ""
             thread_id = int(v) if _is_digits(v) else max(0, int(lb.num))
