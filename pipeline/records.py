@@ -196,3 +196,42 @@ class AttributionBatch(msgspec.Struct):
 
 
 Batch = SpanBatch | ProfileBatch | AttributionBatch
+
+
+def concat(batches: list[Batch]) -> Batch:
+    """Batches of one signal as one, in order: items, stacks, the requests as received
+    (``sources``) and the client requests' runs (``requests``). The one concatenation of
+    the pipeline (the batch processor, the Pyroscope receiver's profiles of one push, the
+    Kafka receiver's blocks, which then name the block: ``origin``, ``parts``)."""
+    first = batches[0]
+    if len(batches) == 1:
+        return first
+    if isinstance(first, SpanBatch):
+        spans = [b for b in batches if isinstance(b, SpanBatch)]
+        lean = any(b.items >= 0 for b in spans)
+        return SpanBatch([s for b in spans for s in b.spans],
+                         sources=[x for b in spans for x in b.sources],
+                         requests=_requests(batches),
+                         items=sum(len(b) for b in spans) if lean else -1)
+    if isinstance(first, ProfileBatch):
+        profiles = [b for b in batches if isinstance(b, ProfileBatch)]
+        stacks: dict[int, Stack] = {}
+        for b in profiles:
+            stacks.update(b.stacks)
+        return ProfileBatch([s for b in profiles for s in b.samples], stacks,
+                            sources=[x for b in profiles for x in b.sources],
+                            requests=_requests(batches))
+    rows = [b for b in batches if isinstance(b, AttributionBatch)]
+    return AttributionBatch([a for b in rows for a in b.attributions],
+                            [u for b in rows for u in b.unattributed])
+
+
+def _requests(batches: list[Batch]) -> list[tuple[int, int]]:
+    """The concatenated batch's request runs, in order (0: a batch that names none)."""
+    if not any(getattr(b, "requests", None) for b in batches):
+        return []
+    out: list[tuple[int, int]] = []
+    for b in batches:
+        out.extend(getattr(b, "requests", None) or [(0, len(b))])
+    return out
+

@@ -19,7 +19,7 @@ import msgspec
 from pipeline.component import Consumer
 from pipeline.config import NonNegDuration, PositiveInt
 from pipeline.errors import ConfigError
-from pipeline.records import AttributionBatch, Batch, ProfileBatch, SpanBatch, Stack
+from pipeline.records import Batch, concat
 from pipeline.registry import Context, Factory
 
 
@@ -30,37 +30,6 @@ class Config(msgspec.Struct, forbid_unknown_fields=True):
     def validate(self) -> None:
         if self.send_batch_size < 1:
             raise ConfigError("send_batch_size: must be at least 1")
-
-
-def merge(batches: list[Batch]) -> Batch:
-    first = batches[0]
-    if len(batches) == 1:
-        return first
-    if isinstance(first, SpanBatch):
-        lean = any(b.items >= 0 for b in batches)  # type: ignore[union-attr]
-        return SpanBatch([s for b in batches for s in b.spans],  # type: ignore[union-attr]
-                         sources=[x for b in batches for x in b.sources],  # type: ignore[union-attr]
-                         requests=_requests(batches),
-                         items=sum(len(b) for b in batches) if lean else -1)
-    if isinstance(first, ProfileBatch):
-        stacks: dict[int, Stack] = {}
-        for b in batches:
-            stacks.update(b.stacks)  # type: ignore[union-attr]
-        return ProfileBatch([s for b in batches for s in b.samples], stacks,  # type: ignore[union-attr]
-                            sources=[x for b in batches for x in b.sources],  # type: ignore[union-attr]
-                            requests=_requests(batches))
-    return AttributionBatch([a for b in batches for a in b.attributions],  # type: ignore[union-attr]
-                            [u for b in batches for u in b.unattributed])  # type: ignore[union-attr]
-
-
-def _requests(batches: list[Batch]) -> list[tuple[int, int]]:
-    """The merged batch's request runs, in order (0: a batch that names none)."""
-    if not any(getattr(b, "requests", None) for b in batches):
-        return []
-    out: list[tuple[int, int]] = []
-    for b in batches:
-        out.extend(getattr(b, "requests", None) or [(0, len(b))])
-    return out
 
 
 class BatchProcessor:
@@ -102,7 +71,7 @@ class BatchProcessor:
             return
         items, waiters = self._items, self._waiters
         self._items, self._waiters, self._size = [], [], 0
-        task = asyncio.create_task(self._deliver(merge(items), waiters))
+        task = asyncio.create_task(self._deliver(concat(items), waiters))
         self._sends.add(task)
         task.add_done_callback(self._sends.discard)
 

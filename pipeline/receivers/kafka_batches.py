@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+import msgspec
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.profiles.v1development import profiles_service_pb2 as pps
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as tps
@@ -20,7 +21,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as tps
 from pipeline.kafka.blocks import Block, Entry
 from pipeline.otlp.profiles import decode_profiles
 from pipeline.otlp.traces import decode_traces
-from pipeline.records import ProfileBatch, SpanBatch
+from pipeline.records import ProfileBatch, SpanBatch, concat
 
 Batch = SpanBatch | ProfileBatch
 
@@ -62,15 +63,12 @@ def merge_block(block: Block, signal: str) -> SpanBatch | ProfileBatch | None:
     if not got:
         return None
     parts = [(f"{block.topic}/{block.partition}/{e.offset}", e.items) for e in got]
-    sources = [src for e in got for src in e.batch.sources]
-    if signal == "traces":
-        return SpanBatch([s for e in got for s in e.batch.spans], sources=sources,
-                         origin=block.token, parts=parts)
-    stacks: dict[int, Any] = {}
-    for e in got:
-        stacks.update(e.batch.stacks)
-    return ProfileBatch([x for e in got for x in e.batch.samples], stacks, sources=sources,
-                        origin=block.token, parts=parts)
+    batch = concat([e.batch for e in got])
+    if len(got) == 1:  # concat hands back the very batch: name a copy, not the entry's
+        batch = msgspec.structs.replace(batch)
+    assert isinstance(batch, SpanBatch | ProfileBatch)
+    batch.origin, batch.parts = block.token, parts
+    return batch
 
 
 def waves(batches: list[Batch], budget: int) -> list[list[Batch]]:

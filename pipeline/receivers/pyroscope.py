@@ -57,9 +57,8 @@ from pipeline.pyroscope.messages import PushRequest, PushResponse
 from pipeline.receivers.http_body import BodyTimeout, UnsupportedEncoding, read_body
 from pipeline.receivers.http_receiver import HttpReceiver
 from pipeline.receivers.limits import check_items
-from pipeline.records import ProfileBatch
+from pipeline.records import ProfileBatch, concat
 from pipeline.registry import Context, Factory
-from processors.batch import merge
 
 __all__ = ["FACTORY", "PUSH_PATH", "Config", "PyroscopeReceiver", "decode_push",
            "parse_multipart", "parse_name", "parse_sample_type_config"]
@@ -142,7 +141,7 @@ class PyroscopeReceiver(HttpReceiver):
     async def _deliver(self, batches: list[ProfileBatch], *key: bytes | str) -> None:
         """Hand the push on, once if the client sends the same one again (``key``: what
         identifies it, see ``pipeline/receivers/idempotency.py``)."""
-        batch = merge(batches) if batches else ProfileBatch([], {})  # type: ignore[arg-type]
+        batch = concat(batches) if batches else ProfileBatch([], {})  # type: ignore[arg-type]
         check_items(len(batch), self.cfg.max_samples_per_request, "samples",
                     "max_samples_per_request")
         if len(batch):

@@ -24,8 +24,9 @@ from pipeline.records import (
     Stack,
     Unattributed,
 )
+from pipeline.records import concat as merge
 from pipeline.registry import Context
-from processors.batch import FACTORY, BatchProcessor, Config, create, merge
+from processors.batch import FACTORY, BatchProcessor, Config, create
 
 TRACE = bytes(range(1, 17))
 
