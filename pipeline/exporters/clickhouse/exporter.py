@@ -34,7 +34,7 @@ import asyncio
 import os
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, cast
 from urllib.parse import unquote, urlsplit
 
 import msgspec
@@ -42,6 +42,7 @@ import msgspec
 from pipeline.config import Duration, NonNegDuration, PositiveInt
 from pipeline.errors import ConfigError, Retryable
 from pipeline.exporters.clickhouse import failpoints, rows
+from pipeline.exporters.clickhouse.backend import ClickHouseClient
 from pipeline.exporters.clickhouse.queue import SendingQueue
 from pipeline.exporters.clickhouse.queue_log import QueueError
 from pipeline.exporters.clickhouse.schema import (
@@ -116,17 +117,19 @@ def resolve_endpoint(endpoint: str, data_dir: str) -> str:
     return endpoint
 
 
-def connect(cfg: Config, data_dir: str) -> Any:
+def connect(cfg: Config, data_dir: str) -> ClickHouseClient:
     """A clickhouse-connect client for the endpoint (wrapped by the fault hook when a fault
     run asks for it: ``failpoints``)."""
     import clickhouse_connect
 
+    client: ClickHouseClient  # the real driver, checked against the small interface here
     dsn = resolve_endpoint(cfg.endpoint, data_dir)
     if dsn.startswith("chdb://"):
         os.makedirs(dsn[len("chdb://"):], exist_ok=True)
-        return failpoints.wrap(clickhouse_connect.get_client(dsn=dsn))
+        client = clickhouse_connect.get_client(dsn=dsn)
+        return failpoints.wrap(client)
     u = urlsplit(dsn)
-    return failpoints.wrap(clickhouse_connect.get_client(
+    client = clickhouse_connect.get_client(
         host=u.hostname, port=u.port or (8443 if u.scheme == "https" else 8123),
         secure=u.scheme == "https",
         # credentials in the URL (http://user:pass@host) win over the separate keys
@@ -135,7 +138,8 @@ def connect(cfg: Config, data_dir: str) -> Any:
         connect_timeout=float(cfg.timeout), send_receive_timeout=float(cfg.timeout),
         # through Distributed tables, an insert is acknowledged once the shards have it,
         # and its deduplication token goes with it
-        settings={"insert_distributed_sync": 1} if cfg.cluster else None))
+        settings={"insert_distributed_sync": 1} if cfg.cluster else None)
+    return failpoints.wrap(client)
 
 
 class ClickHouseExporter:
@@ -146,7 +150,7 @@ class ClickHouseExporter:
         self.schema = SchemaOptions(database=cfg.database, ttl_seconds=int(cfg.ttl),
                                     cluster=cfg.cluster)
         self.metrics: Counter[str] = Counter()
-        self.client: Any = None
+        self.client: ClickHouseClient | None = None
         # one thread: chdb is one engine per process, and ordering inserts keeps it simple
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=ctx.id)
         self.writer: Writer | None = None
@@ -214,24 +218,27 @@ class ClickHouseExporter:
 
     def migrate(self) -> None:
         """Apply, in order, every migration not yet recorded in ``schema_migrations``."""
+        client = self.client
+        if client is None:
+            raise Retryable(f"{self.ctx.id}: not started")
         boot = bootstrap(self.schema)
         for sql in on_cluster(boot, self.schema) if self.schema.cluster else boot:
-            self.client.command(sql)
+            client.command(sql)
         db = self.cfg.database
-        applied = {r[0] for r in self.client.query(
+        applied = {r[0] for r in client.query(
             f"SELECT version FROM {db}.schema_migrations").result_rows}
         for version, stmts in statements(self.schema):
             if version in applied:
                 continue
             for sql in stmts:
-                self.client.command(sql)
-            self.client.insert(f"{db}.schema_migrations", [[version]], column_names=["version"])
+                client.command(sql)
+            client.insert(f"{db}.schema_migrations", [[version]], column_names=["version"])
             self.log.info("clickhouse_migrated", version=version)
-        current = dict(self.client.query(
+        current = {name: ddl for name, ddl in client.query(
             "SELECT name, create_table_query FROM system.tables WHERE database = %(db)s",
-            parameters={"db": db}).result_rows)
+            parameters={"db": db}).result_rows}
         for sql in ttl_changes(self.schema, current):
-            self.client.command(sql)
+            client.command(sql)
             self.log.info("clickhouse_ttl_changed", statement=sql)
 
     async def consume(self, batch: Batch) -> None:
@@ -261,12 +268,14 @@ class ClickHouseExporter:
     async def query(self, sql: str, parameters: dict[str, Any] | None = None
                     ) -> tuple[list[str], list[tuple[Any, ...]]]:
         """Run a read query on this exporter's connection (the embedded engine allows one)."""
-        if self.client is None:
+        client = self.client
+        if client is None:
             raise Retryable(f"{self.ctx.id}: not started")
         loop = asyncio.get_running_loop()
         res = await loop.run_in_executor(
-            self.executor, lambda: self.client.query(sql, parameters=parameters or {}))
-        return list(res.column_names), list(res.result_rows)
+            self.executor, lambda: client.query(sql, parameters=parameters or {}))
+        # the driver's rows are tuples; the interface only promises sequences
+        return list(res.column_names), cast("list[tuple[Any, ...]]", list(res.result_rows))
 
     @property
     def database(self) -> str:
@@ -275,10 +284,11 @@ class ClickHouseExporter:
     async def insert(self, table: str, data: list[list[Any]], columns: list[str]) -> None:
         """Insert a few rows now, outside the writer's batches (the correlator's checkpoint:
         it must be durable when this returns, and it is not a pipeline batch)."""
-        if self.client is None:
+        client = self.client
+        if client is None:
             raise Retryable(f"{self.ctx.id}: not started")
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self.executor, lambda: self.client.insert(
+        await loop.run_in_executor(self.executor, lambda: client.insert(
             f"{self.cfg.database}.{table}", data, column_names=columns))
 
     async def shutdown(self) -> None:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from pipeline.exporters.clickhouse.backend import ClickHouseClient
+
 ENV = "SPANPROF_FAILPOINTS"
 
 
@@ -23,7 +25,7 @@ class ClickHouseDown(OSError):
 class FailingClient:
     """A clickhouse-connect client whose calls fail while ``<dir>/clickhouse_down`` exists."""
 
-    def __init__(self, client: Any, directory: str) -> None:
+    def __init__(self, client: ClickHouseClient, directory: str) -> None:
         self._client = client
         self._flag = os.path.join(directory, "clickhouse_down")
 
@@ -47,7 +49,7 @@ class FailingClient:
         return getattr(self._client, name)
 
 
-def wrap(client: Any) -> Any:
+def wrap(client: ClickHouseClient) -> ClickHouseClient:
     """The client, wrapped when fault injection is on (``SPANPROF_FAILPOINTS`` set)."""
     directory = os.environ.get(ENV)
     return FailingClient(client, directory) if directory else client

@@ -66,6 +66,7 @@ from typing import Any
 
 from pipeline.errors import Retryable
 from pipeline.exporters.clickhouse import faults, quarantine
+from pipeline.exporters.clickhouse.backend import ClickHouseClient
 from pipeline.exporters.clickhouse.generation import Generation
 from pipeline.exporters.clickhouse.rows import COLUMNS, Columns
 from pipeline.exporters.clickhouse.split import Splitter
@@ -84,7 +85,7 @@ WRITTEN_STACKS = 1_000_000  # remembered at most; beyond, forgotten (rewriting i
 
 
 class Writer:
-    def __init__(self, *, client: Any, executor: ThreadPoolExecutor, database: str,
+    def __init__(self, *, client: ClickHouseClient, executor: ThreadPoolExecutor, database: str,
                  batch_rows: int, flush_interval: float, max_pending_rows: int,
                  retry: Any, log: Any, metrics: Callable[[str, int], None],
                  component: str = "clickhouse") -> None:

@@ -1,5 +1,5 @@
-"""ClickHouse exporter: the batched writer's acknowledgements and retries (fake client), and
-schema/migrations/inserts on the real embedded engine."""
+"""ClickHouse exporter: the batched writer's acknowledgements and retries (the in-memory
+client, ``memory.MemoryClient``), and schema/migrations/inserts on the real embedded engine."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import pytest
 
 from pipeline.errors import Retryable
 from pipeline.exporters.clickhouse.exporter import ClickHouseExporter, Config, RetryConfig
+from pipeline.exporters.clickhouse.memory import MemoryClient, reset
 from pipeline.exporters.clickhouse.rows import COLUMNS
 from pipeline.exporters.clickhouse.schema import MIGRATIONS, SchemaOptions, render
 from pipeline.exporters.clickhouse.writer import Writer
@@ -31,24 +32,7 @@ from tests.conftest import clickhouse
 FAST_RETRY = RetryConfig(initial_interval=0.01, max_interval=0.02, max_elapsed_time=5.0)
 
 
-class FakeClient:
-    """Records inserts; fails the first ``failures`` calls."""
-
-    def __init__(self, failures: int = 0) -> None:
-        self.failures = failures
-        self.calls: list[tuple[str, int, str]] = []
-        self.inserted: list[tuple[str, int]] = []
-
-    def insert(self, table: str, data: list[list[Any]], column_names: list[str],
-               column_oriented: bool, settings: dict[str, str]) -> None:
-        self.calls.append((table, len(data[0]), settings["insert_deduplication_token"]))
-        if self.failures:
-            self.failures -= 1
-            raise ConnectionError("server went away")
-        self.inserted.append((table, len(data[0])))
-
-
-def writer(client: FakeClient, **kw: Any) -> Writer:
+def writer(client: MemoryClient, **kw: Any) -> Writer:
     import structlog
 
     opts: dict[str, Any] = dict(batch_rows=10, flush_interval=0.05, max_pending_rows=100,
@@ -68,28 +52,30 @@ class TestWriter:
     async def test_ack_only_after_insert_and_retry_reuses_token(self) -> None:
         """A failed insert is retried with backoff; the sender's await returns only once the
         insert succeeded, and every attempt carries the same deduplication token."""
-        client = FakeClient(failures=3)
+        client = MemoryClient()
+        client.fail(reset(), times=3)  # the connection lost mid-request: maybe stored
         w = writer(client)
         w.start()
         await asyncio.wait_for(w.submit(cols(5), 5, set()), timeout=5)
-        assert client.inserted == [("db.otel_traces", 5)]
-        assert len(client.calls) == 4 and len({c[2] for c in client.calls}) == 1
+        assert client.succeeded() == [("db.otel_traces", 5)]
+        assert len(client.inserts) == 4 and len({i.token for i in client.inserts}) == 1
         await w.close()
 
     async def test_gives_up_with_retryable_never_success(self) -> None:
         """When retries run out the sender gets Retryable, not a success."""
-        client = FakeClient(failures=10_000)
+        client = MemoryClient()
+        client.fail(reset())
         w = writer(client, retry=RetryConfig(initial_interval=0.01, max_interval=0.01,
                                              max_elapsed_time=0.1))
         w.start()
         with pytest.raises(Retryable, match="clickhouse insert failed"):
             await asyncio.wait_for(w.submit(cols(5), 5, set()), timeout=5)
-        assert client.inserted == []
+        assert client.succeeded() == []
         await w.close()
 
     async def test_full_queue_refuses_at_once(self) -> None:
         """Beyond max_pending_rows, submit raises Retryable immediately (no unbounded queue)."""
-        client = FakeClient()
+        client = MemoryClient()
         w = writer(client, batch_rows=1000, flush_interval=10.0, max_pending_rows=20)
         w.start()
         first = asyncio.create_task(w.submit(cols(15), 15, set()))
@@ -98,14 +84,14 @@ class TestWriter:
             await w.submit(cols(10), 10, set())
         await w.close()  # close flushes what was accepted
         await first
-        assert client.inserted == [("db.otel_traces", 15)]
+        assert client.succeeded() == [("db.otel_traces", 15)]
 
     async def test_a_block_sent_again_takes_no_room(self) -> None:
         """A named block (a Kafka block) that this writer inserted is acknowledged at once
         when sent again, even with the queue full, and one sent again while it waits joins
         it: a sender re-sending a refused round is not refused by its own rows again. The
         same name on another table's rows is another block."""
-        client = FakeClient()
+        client = MemoryClient()
         w = writer(client, batch_rows=1000, flush_interval=0.05, max_pending_rows=20)
         w.start()
         first = asyncio.create_task(w.submit(cols(15), 15, set(), token="b1"))
@@ -114,7 +100,7 @@ class TestWriter:
         with pytest.raises(Retryable, match="queue is full"):
             await w.submit(cols(10), 10, set(), token="b2")
         await asyncio.wait_for(asyncio.gather(first, again), timeout=5)
-        assert client.inserted == [("db.otel_traces", 15)]
+        assert client.succeeded() == [("db.otel_traces", 15)]
         blocker = asyncio.create_task(w.submit(cols(15), 15, set(), token="b3"))
         await asyncio.sleep(0)
         await asyncio.wait_for(w.submit(cols(15), 15, set(), token="b1"), timeout=1)
@@ -122,17 +108,17 @@ class TestWriter:
         with pytest.raises(Retryable, match="queue is full"):  # b1 of another table: new
             await w.submit(other, 10, set(), token="b1")
         await blocker
-        assert client.inserted == [("db.otel_traces", 15), ("db.otel_traces", 15)]
+        assert client.succeeded() == [("db.otel_traces", 15), ("db.otel_traces", 15)]
         await w.close()
 
     async def test_small_batches_merge_into_one_insert(self) -> None:
         """Concurrent small submissions become one insert of all their rows."""
-        client = FakeClient()
+        client = MemoryClient()
         w = writer(client, batch_rows=30, flush_interval=1.0)
         w.start()
         await asyncio.wait_for(asyncio.gather(*(w.submit(cols(10), 10, set())
                                                 for _ in range(3))), timeout=5)
-        assert client.inserted == [("db.otel_traces", 30)]
+        assert client.succeeded() == [("db.otel_traces", 30)]
         await w.close()
 
 

@@ -1,6 +1,7 @@
 """The ClickHouse exporter on the embedded engine under hostile data and a failing server:
 poison rows quarantined while the rest is stored, and a disk-full / server-down episode
-(a wrapping client injecting the errors) that ends with every row stored exactly once."""
+(``memory.FaultyClient`` over the engine injecting the errors) that ends with every row
+stored exactly once."""
 
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ import pytest
 
 from pipeline.errors import Retryable
 from pipeline.exporters.clickhouse.exporter import ClickHouseExporter, Config, RetryConfig
+from pipeline.exporters.clickhouse.memory import FaultyClient, server_error
 from pipeline.records import Attribution, AttributionBatch, Span, SpanBatch, Unattributed
 from pipeline.registry import Context
-from tests.pipeline.exporters.test_writer_faults import _server
 
 NOW_NS = 1_700_000_000_000_000_000
 MAX_I64 = 2**63 - 1
@@ -100,26 +101,6 @@ class TestPoison:
         await ex.shutdown()
 
 
-class FaultyClient:
-    """The real client, but every insert fails while ``until`` is in the future: with
-    ``fault`` before reaching the engine, or (``lands``) after the engine stored it."""
-
-    def __init__(self, real: Any, fault: BaseException, lands: bool = False) -> None:
-        self.real = real
-        self.fault = fault
-        self.lands = lands
-        self.until = 0.0
-
-    def insert(self, *args: Any, **kw: Any) -> Any:
-        failing = time.monotonic() < self.until
-        if failing and not self.lands:
-            raise self.fault
-        out = self.real.insert(*args, **kw)
-        if failing:
-            raise self.fault
-        return out
-
-
 async def _load(ex: ClickHouseExporter, workers: int, batches: int
                 ) -> tuple[list[float], list[str | None]]:
     """``workers`` clients each send ``batches`` span batches, resending a refused one
@@ -167,11 +148,13 @@ class TestServerFailing:
         ex = exporter(tmp_path, unhealthy_after=0.5, retry_on_failure=RetryConfig(
             initial_interval=0.05, max_interval=0.2, max_elapsed_time=20.0))
         await ex.start()
-        assert ex.writer is not None
-        fault = _server(159, "TIMEOUT_EXCEEDED") if lands else _server(243, "NOT_ENOUGH_SPACE")
-        faulty = FaultyClient(ex.client, fault, lands=lands)
+        assert ex.writer is not None and ex.client is not None
+        fault = (server_error(159, "TIMEOUT_EXCEEDED") if lands
+                 else server_error(243, "NOT_ENOUGH_SPACE"))
+        # the writer's inserts only: the engine itself stores and deduplicates what passes
+        faulty = FaultyClient(ex.client)
         ex.writer.client = faulty
-        faulty.until = time.monotonic() + 2.0
+        faulty.fail(fault, lands=lands, seconds=2.0)
         refusals, health = await _load(ex, workers=4, batches=40)
         assert refusals, "no client was refused while inserts failed"
         assert max(refusals) < 1.0, max(refusals)

@@ -1,6 +1,7 @@
 """ClickHouse writer failures: which errors are the rows' fault (classifier table, and what
-the real engine raises), splitting a refused block with a fake client, and the circuit
-breaker: refusing fast, /health's ``failed``, and exactly-once after recovery."""
+the real engine raises), splitting a refused block on the in-memory client
+(``memory.MemoryClient``), and the circuit breaker: refusing fast, /health's ``failed``, and
+exactly-once after recovery."""
 
 from __future__ import annotations
 
@@ -15,12 +16,19 @@ from typing import Any
 import pytest
 import structlog
 from clickhouse_connect.driver.exceptions import DatabaseError, DataError, OperationalError
-from urllib3.exceptions import MaxRetryError, NewConnectionError, ProtocolError
+from urllib3.exceptions import ProtocolError
 
 from pipeline.errors import Retryable
 from pipeline.exporters.clickhouse import faults
 from pipeline.exporters.clickhouse.exporter import RetryConfig
+from pipeline.exporters.clickhouse.memory import (
+    MemoryClient,
+    refused,
+    reset,
+    server_error,
+)
 from pipeline.exporters.clickhouse.rows import COLUMNS
+from pipeline.exporters.clickhouse.schema import DEDUP_SETTING
 from pipeline.exporters.clickhouse.writer import Writer
 from tests.conftest import clickhouse
 
@@ -44,31 +52,21 @@ def _during(err: BaseException, handled: BaseException) -> BaseException:
         return e
 
 
-def _server(code: int, name: str, text: str = "") -> DatabaseError:
-    return DatabaseError(f"Code: {code}. DB::Exception: {text}. ({name})", code=code, name=name)
-
-
-def _refused() -> OperationalError:
-    conn = NewConnectionError(None, "Failed to establish a new connection: [Errno 111]")  # type: ignore[arg-type]
-    return _raised(OperationalError("Error executing HTTP request attempt 2"),  # type: ignore[return-value]
-                   MaxRetryError(None, "/", conn))  # type: ignore[arg-type]
-
-
 # (error, permanent, may have landed)
 CASES: list[tuple[str, BaseException, bool, bool]] = [
-    ("out of range", _server(321, "VALUE_IS_OUT_OF_RANGE_OF_DATA_TYPE"), True, False),
-    ("type mismatch", _server(53, "TYPE_MISMATCH"), True, False),
-    ("parse", _server(6, "CANNOT_PARSE_TEXT"), True, False),
-    ("decimal overflow", _server(407, "DECIMAL_OVERFLOW"), True, False),
-    ("nested sizes", _server(190, "SIZES_OF_ARRAYS_DONT_MATCH"), True, False),
-    ("disk full", _server(243, "NOT_ENOUGH_SPACE"), False, False),
-    ("too many parts", _server(252, "TOO_MANY_PARTS"), False, False),
-    ("memory", _server(241, "MEMORY_LIMIT_EXCEEDED"), False, False),
-    ("write error", _server(75, "CANNOT_WRITE_TO_FILE_DESCRIPTOR"), False, False),
-    ("schema missing", _server(60, "UNKNOWN_TABLE"), False, False),
-    ("server timeout", _server(159, "TIMEOUT_EXCEEDED"), False, True),
-    ("keeper", _server(999, "KEEPER_EXCEPTION"), False, True),
-    ("a view failed", _server(243, "NOT_ENOUGH_SPACE", "while pushing to view db.mv"),
+    ("out of range", server_error(321, "VALUE_IS_OUT_OF_RANGE_OF_DATA_TYPE"), True, False),
+    ("type mismatch", server_error(53, "TYPE_MISMATCH"), True, False),
+    ("parse", server_error(6, "CANNOT_PARSE_TEXT"), True, False),
+    ("decimal overflow", server_error(407, "DECIMAL_OVERFLOW"), True, False),
+    ("nested sizes", server_error(190, "SIZES_OF_ARRAYS_DONT_MATCH"), True, False),
+    ("disk full", server_error(243, "NOT_ENOUGH_SPACE"), False, False),
+    ("too many parts", server_error(252, "TOO_MANY_PARTS"), False, False),
+    ("memory", server_error(241, "MEMORY_LIMIT_EXCEEDED"), False, False),
+    ("write error", server_error(75, "CANNOT_WRITE_TO_FILE_DESCRIPTOR"), False, False),
+    ("schema missing", server_error(60, "UNKNOWN_TABLE"), False, False),
+    ("server timeout", server_error(159, "TIMEOUT_EXCEEDED"), False, True),
+    ("keeper", server_error(999, "KEEPER_EXCEPTION"), False, True),
+    ("a view failed", server_error(243, "NOT_ENOUGH_SPACE", "while pushing to view db.mv"),
      False, True),
     ("encoder overflow",
      _raised(DataError("Unable to create native array for column `cpu_ns`: error"),
@@ -79,7 +77,7 @@ CASES: list[tuple[str, BaseException, bool, bool]] = [
     ("AttributeError", AttributeError("'int' object has no attribute 'encode'"), True, False),
     ("surrogate", UnicodeEncodeError("utf-8", "a\udcff", 1, 2, "surrogates not allowed"),
      True, False),
-    ("connection refused", _refused(), False, False),
+    ("connection refused", refused(), False, False),
     ("ConnectionRefusedError", ConnectionRefusedError(111, "refused"), False, False),
     ("OSError ECONNREFUSED", type("Down", (OSError,), {})(errno.ECONNREFUSED, "refused"),
      False, False),
@@ -87,6 +85,7 @@ CASES: list[tuple[str, BaseException, bool, bool]] = [
      _raised(OperationalError("Error executing HTTP request"),
              ProtocolError("Connection aborted.", ConnectionResetError(104, "reset"))),
      False, True),
+    ("reset (the fake's)", reset(), False, True),
     ("socket timeout", TimeoutError("timed out"), False, True),
     # a network error raised while a ValueError was being handled is not the rows' fault
     ("raised during a ValueError", _during(OperationalError("connection reset"),
@@ -140,39 +139,71 @@ class TestClassifier:
             assert ch.query("SELECT count() FROM t WHERE n = 13").result_rows == [(1,)]
 
 
-class DedupClient:
-    """A fake ClickHouse: drops a repeated token as the server does, refuses rows whose
-    ``SpanName`` is ``poison`` (permanently, as the encoder would), and raises ``fault``
-    on every insert while ``failing`` (after storing the block when ``lands``)."""
+class TestMemoryClient:
+    """The in-memory client the writer's unit tests run on, kept honest against the engine."""
 
-    def __init__(self) -> None:
-        self.stored: dict[str, list[list[Any]]] = {}  # token -> rows
-        self.tables: dict[str, str] = {}  # token -> table
-        self.calls = 0
-        self.failing = False
-        self.lands = False
-        self.fault: BaseException = _server(243, "NOT_ENOUGH_SPACE")
-        self.quarantine_refused = False
-        self.quarantine_error: BaseException = _server(53, "TYPE_MISMATCH")
+    def test_deduplicates_as_the_engine_does(self, tmp_path: Path) -> None:
+        """A block repeated under its token is dropped (whatever its rows), per table, and
+        so is one repeated without a token (the same rows); the same token on another
+        table is stored: on the engine as in memory."""
+        mem = MemoryClient()
+        blocks = [("t", [1], "k1"), ("t", [2], "k1"), ("u", [3], "k1"), ("t", [4], "k2"),
+                  ("t", [5], None), ("t", [5], None), ("t", [5, 6], None)]
+        with clickhouse(tmp_path / "ch") as ch:
+            for table in ("t", "u"):
+                ch.command(f"CREATE TABLE {table} (n UInt64) ENGINE = MergeTree ORDER BY n "
+                           f"SETTINGS {DEDUP_SETTING}")
+            for client in (ch, mem):
+                for table, ns, tok in blocks:
+                    client.insert(table, [ns], column_names=["n"], column_oriented=True,
+                                  settings={"insert_deduplication_token": tok} if tok else {})
+            for table in ("t", "u"):
+                real = ch.query(f"SELECT n FROM {table} ORDER BY n").result_rows
+                assert sorted(mem.rows(table)) == [tuple(r) for r in real]
+        assert mem.rows("t") == [(1,), (4,), (5,), (5,), (6,)]
+        assert [i.stored for i in mem.inserts] == [True, False, True, True, True, False, True]
+        assert repr(mem) == "<MemoryClient t=5 u=1 inserts=7>"
 
-    def insert(self, table: str, data: list[list[Any]], column_names: list[str],
-               column_oriented: bool, settings: dict[str, Any]) -> None:
-        self.calls += 1
-        tok = settings["insert_deduplication_token"]
-        if self.failing and not self.lands:
-            raise self.fault
-        if "SpanName" in column_names and "poison" in data[column_names.index("SpanName")]:
-            raise _server(321, "VALUE_IS_OUT_OF_RANGE_OF_DATA_TYPE")
-        if table.endswith("quarantine") and self.quarantine_refused:
-            raise self.quarantine_error
-        if tok not in self.stored:
-            self.stored[tok] = [list(r) for r in zip(*data, strict=True)]
-            self.tables[tok] = table
-        if self.failing:
-            raise self.fault
+    def test_fails_as_told_with_the_driver_s_errors(self) -> None:
+        """``fail`` for a number of calls, after storing (``lands``) or not, and for a time;
+        ``refuse`` for chosen rows only; each error classified as the real one is."""
+        client = MemoryClient()
+        client.fail(refused(), times=2)
+        assert "failing=OperationalError" in repr(client)
+        for _ in range(2):
+            with pytest.raises(OperationalError) as info:
+                client.insert("t", [[1]], column_names=["n"])
+            assert not faults.is_permanent(info.value)
+            assert not faults.may_have_landed(info.value)
+        client.insert("t", [[1]], column_names=["n"])  # row-oriented: one row
+        client.fail(reset(), lands=True)
+        with pytest.raises(OperationalError) as info:
+            client.insert("t", [[2], [3]], column_names=["n"])
+        assert faults.may_have_landed(info.value) and not faults.is_permanent(info.value)
+        client.fail(server_error(243, "NOT_ENOUGH_SPACE"), seconds=0.05)
+        with pytest.raises(DatabaseError):
+            client.command("OPTIMIZE TABLE t")
+        time.sleep(0.06)
+        assert client.failing is None
+        client.refuse(table="t", where=lambda row: row["n"] > 100)
+        with pytest.raises(DatabaseError) as info:
+            client.insert("t", [[4, 101]], column_names=["n"], column_oriented=True)
+        assert faults.is_permanent(info.value)
+        client.insert("u", [[101]], column_names=["n"], column_oriented=True)
+        assert client.rows("t") == [(1,), (2,), (3,)]
+        assert [(i.stored, type(i.error).__name__) for i in client.inserts] == [
+            (False, "OperationalError"), (False, "OperationalError"), (True, "NoneType"),
+            (True, "OperationalError"), (False, "DatabaseError"), (True, "NoneType")]
+        assert client.commands == ["OPTIMIZE TABLE t"]
 
-    def rows(self, table: str) -> list[list[Any]]:
-        return [r for t, rs in self.stored.items() if self.tables[t] == table for r in rs]
+
+def poisoned() -> MemoryClient:
+    """The in-memory client refusing a block holding a span named ``poison`` (permanently,
+    as the engine refuses a value beyond its column)."""
+    client = MemoryClient()
+    client.refuse(server_error(321, "VALUE_IS_OUT_OF_RANGE_OF_DATA_TYPE"),
+                  where=lambda row: row.get("SpanName") == "poison")
+    return client
 
 
 def spans(names: list[str]) -> dict[str, dict[str, list[object]]]:
@@ -197,7 +228,7 @@ class TestSplit:
         """A block with two rows refused for their values: the eight others are stored,
         the two are in the quarantine with the reason and the row as JSON, and the sender
         is acknowledged."""
-        client, metrics = DedupClient(), {}
+        client, metrics = poisoned(), {}
         w = writer(client, metrics)
         w.start()
         names = [f"s{i}" for i in range(10)]
@@ -218,7 +249,7 @@ class TestSplit:
     async def test_a_retried_split_stores_nothing_twice(self) -> None:
         """The same named block split twice (a Kafka block delivered again, in a new
         generation) uses the same sub-tokens: the server drops every second copy."""
-        client = DedupClient()
+        client = poisoned()
         w = writer(client)
         w.start()
         names = ["a", "poison", "b", "c", "d"]
@@ -230,17 +261,16 @@ class TestSplit:
         await w.close()
 
     @pytest.mark.parametrize("error", [
-        _server(53, "TYPE_MISMATCH"),
+        server_error(53, "TYPE_MISMATCH"),
         # create_schema: false without migration 8: retrying would hold every client for
         # max_elapsed_time, then tell them to resend rows already stored
-        _server(60, "UNKNOWN_TABLE", "Table db.quarantine does not exist"),
+        server_error(60, "UNKNOWN_TABLE", "Table db.quarantine does not exist"),
     ])
     async def test_a_refused_quarantine_drops_and_counts(self, error: BaseException) -> None:
         """When the quarantine refuses the rows too, they are dropped, counted and logged;
         nothing wedges (well within max_elapsed_time) and the next batch goes in."""
-        client, metrics = DedupClient(), {}
-        client.quarantine_refused = True
-        client.quarantine_error = error
+        client, metrics = poisoned(), {}
+        client.refuse(error, table="db.quarantine")
         w = writer(client, metrics)
         w.start()
         await asyncio.wait_for(w.submit(spans(["a", "poison"]), 2, set()), timeout=1)
@@ -255,8 +285,8 @@ class TestFailingState:
         """A disk-full error (the attempt stored nothing): the sender is told at once,
         new submissions are refused until the next attempt is due, and the first insert
         that succeeds ends the state."""
-        client = DedupClient()
-        client.failing = True
+        client = poisoned()
+        client.fail(server_error(243, "NOT_ENOUGH_SPACE"))
         w = writer(client, retry=RetryConfig(initial_interval=0.5, max_interval=1.0,
                                              max_elapsed_time=60.0))
         w.start()
@@ -268,7 +298,7 @@ class TestFailingState:
         assert time.monotonic() - t0 < 0.3
         assert refused.value.retry_after >= 1.0
         assert w.failing_for() is not None and "NOT_ENOUGH_SPACE" in w.failing_for()[1]
-        client.failing = False
+        client.recover()
         await asyncio.sleep(0.6)  # the next attempt is due: let in again
         await asyncio.wait_for(w.submit(spans(["c"]), 1, set()), timeout=5)
         assert w.failing_for() is None
@@ -279,9 +309,8 @@ class TestFailingState:
         """A timeout after the server stored the block: the generation is retried under the
         same token (never dropped and resent), so it is stored once and its sender
         acknowledged once the server answers again; meanwhile newcomers are refused."""
-        client = DedupClient()
-        client.failing, client.lands = True, True
-        client.fault = TimeoutError("read timed out")
+        client = poisoned()
+        client.fail(TimeoutError("read timed out"), lands=True)
         w = writer(client)
         w.start()
         first = asyncio.create_task(w.submit(spans(["a", "b"]), 2, set()))
@@ -289,7 +318,7 @@ class TestFailingState:
         with pytest.raises(Retryable, match="inserts are failing"):
             await w.submit(spans(["c"]), 1, set())
         assert not first.done()
-        client.failing = False
+        client.recover()
         await asyncio.wait_for(first, timeout=5)
         assert len(client.rows("db.otel_traces")) == 2
         await w.close()
@@ -297,9 +326,8 @@ class TestFailingState:
     async def test_close_is_bounded_by_max_elapsed_time(self) -> None:
         """Shutdown with a generation that can never be inserted (every attempt may have
         landed) ends after max_elapsed_time; its sender gets Retryable, not a success."""
-        client = DedupClient()
-        client.failing, client.lands = True, True
-        client.fault = ConnectionResetError(104, "reset")
+        client = poisoned()
+        client.fail(ConnectionResetError(104, "reset"), lands=True)
         w = writer(client, retry=RetryConfig(initial_interval=0.05, max_interval=0.1,
                                              max_elapsed_time=0.5))
         w.start()
