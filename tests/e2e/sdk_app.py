@@ -4,12 +4,17 @@ real Pyroscope SDK, with ``pyroscope-otel``'s span processor, pushes its CPU pro
 
     python sdk_app.py {http|grpc} OTLP_ENDPOINT PYROSCOPE_URL SERVICE ITERATIONS
 
-Each iteration runs two root spans: ``crunch``, which spends ``--crunch-ms`` in the pure
-Python function ``burn_cpu_in_hash_loop``, and ``idle``, which sleeps ``--idle-ms``.
-(``pyroscope-otel`` labels samples with the *local root* span only, so the work is done in
-root spans.) At the end the spans are flushed, then the profiler is shut down, which pushes
-its last profile; the ids of the spans are printed on stdout as one JSON object:
-``{"crunch": [[trace_id, span_id], ...], "idle": [...]}`` in hex.
+Each iteration runs two root spans: ``crunch``, which spends ``--crunch-ms`` of its
+thread's CPU time in the pure Python function ``burn_cpu_in_hash_loop``, and ``idle``, which
+sleeps ``--idle-ms``. (``pyroscope-otel`` labels samples with the *local root* span only, so
+the work is done in root spans.) The CPU time the thread used in each span is measured
+around its work (``time.thread_time_ns()``), and so is the time it was runnable but waited
+for a core (``crunch_wait_ns``, from ``/proc/thread-self/schedstat``): the Pyroscope Python
+SDK's sampler counts a thread that is running *or runnable* as on CPU, so that wait shows up
+as CPU in its profile. At the end the spans are flushed, then the profiler is shut down,
+which pushes its last profile; one JSON object goes to stdout: ``{"crunch": [[trace_id,
+span_id], ...], "idle": [...], "crunch_cpu_ns": [...], "idle_cpu_ns": [...],
+"crunch_wait_ns": [...]}``, ids in hex.
 """
 
 from __future__ import annotations
@@ -30,14 +35,27 @@ HEAVY_FUNCTION = "burn_cpu_in_hash_loop"
 
 
 def burn_cpu_in_hash_loop(ms: float) -> int:
-    """FNV-1a over integers, in pure Python, for ``ms`` of wall time: the profiler's samples
-    land in this frame (no C function below it to take them)."""
-    deadline = time.perf_counter() + ms / 1000
+    """FNV-1a over integers, in pure Python, until this thread has used ``ms`` of CPU time
+    (not wall time: on a busy machine the span is longer, its CPU the same), or ten times
+    that of wall time. The profiler's samples land in this frame (no C function below it to
+    take them)."""
+    budget = int(ms * 1_000_000)
+    start, deadline = time.thread_time_ns(), time.perf_counter() + 10 * ms / 1000
     h = 0x811C9DC5
-    while time.perf_counter() < deadline:
+    while time.thread_time_ns() - start < budget and time.perf_counter() < deadline:
         for i in range(2000):
             h = ((h ^ (i & 0xFF)) * 0x01000193) & 0xFFFFFFFF
     return h
+
+
+def run_delay_ns() -> int:
+    """How long this thread has been runnable but waiting for a core (Linux schedstat's
+    second field; 0 where it is not available)."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            return int(f.read().split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
 
 
 def exporter(protocol: str, endpoint: str) -> SpanExporter:
@@ -73,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         application_name=args.service,
         server_address=args.pyroscope,
         sample_rate=100,
-        oncpu=True,          # CPU time only: a sleeping thread is not sampled
+        oncpu=True,          # only a running or runnable thread is sampled, not a sleeping one
         gil_only=True,
         report_thread_id=True,
         upload_interval=args.upload_interval,
@@ -85,14 +103,24 @@ def main(argv: list[str] | None = None) -> int:
         exporter(args.protocol, args.otlp_endpoint), schedule_delay_millis=500))
     tracer = provider.get_tracer("spanprof-sdk-app")
 
-    time.sleep(0.3)  # the sampler thread is up before the first span
-    out: dict[str, list[list[str]]] = {"crunch": [], "idle": []}
+    # the sampler thread starts in configure(): burn a little outside any span first, so
+    # that the first span is sampled like the others, then sleep, so that the warm-up's
+    # samples are behind the sampler before the first span's label is set
+    burn_cpu_in_hash_loop(200)
+    time.sleep(0.5)
+    out: dict[str, list[Any]] = {"crunch": [], "idle": [], "crunch_cpu_ns": [],
+                                 "idle_cpu_ns": [], "crunch_wait_ns": []}
     for _ in range(args.iterations):
         with tracer.start_as_current_span("crunch") as span:
+            cpu0, wait0 = time.thread_time_ns(), run_delay_ns()
             burn_cpu_in_hash_loop(args.crunch_ms)
+            out["crunch_cpu_ns"].append(time.thread_time_ns() - cpu0)
+            out["crunch_wait_ns"].append(run_delay_ns() - wait0)
         out["crunch"].append(ids(span))
         with tracer.start_as_current_span("idle") as span:
+            cpu0 = time.thread_time_ns()
             time.sleep(args.idle_ms / 1000)
+            out["idle_cpu_ns"].append(time.thread_time_ns() - cpu0)
         out["idle"].append(ids(span))
 
     provider.shutdown()        # exports every span still queued, waits for the answer

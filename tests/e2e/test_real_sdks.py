@@ -1,20 +1,29 @@
-"""A real Python program, traced by the OpenTelemetry SDK and profiled by the Pyroscope SDK
-with ``pyroscope-otel``, against a running spanprof: its CPU-heavy spans come back with the
-heavy function on top and most of their duration as CPU, its sleeping spans as off-CPU; with
-the spans exported over OTLP/HTTP and over OTLP/gRPC.
+"""Real programs, traced by the OpenTelemetry SDK of their language and profiled by the
+Pyroscope SDK, against a running spanprof (issue #14's client matrix): each runs root spans
+that burn CPU in a named busy function and spans that sleep, measures the CPU time it used in
+each span itself, and the test asserts what spanprof made of it (``check_busy_spans``): the
+busy function is the top self-CPU function of the spans that burnt it, and the CPU attributed
+to those spans, summed, is within 10% of the CPU time the program measured in them.
 
-The program is tests/e2e/sdk_app.py, run in its own process as a user would run it: nothing
-in it knows about spanprof but the two addresses.
+Here: Python (``pyroscope-io`` + ``pyroscope-otel``, spans over OTLP/HTTP and OTLP/gRPC,
+tests/e2e/sdk_app.py) and Node.js (``@pyroscope/nodejs`` + the OpenTelemetry JS SDK,
+tests/clients/node). Go, Java and Rust have their own modules (test_go_sdk.py,
+test_java_agent.py, test_rust_sdk.py). Each program runs in its own process as a user would
+run it: nothing in it knows about spanprof but the two addresses.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,21 +35,44 @@ pytestmark = pytest.mark.e2e
 APP = Path(__file__).resolve().parent / "sdk_app.py"
 HEAVY = "burn_cpu_in_hash_loop"  # sdk_app.HEAVY_FUNCTION
 ITERATIONS = 6
-CRUNCH_MS = 300
+# The Python SDK's sampler (py-spy) spaces its samples randomly (exponential intervals, so
+# that it never runs in step with the program): the number of samples in T seconds is
+# Poisson, sd sqrt(100 T) at 100 Hz. 1.8 s of CPU in the busy spans gives 180 +- 13 samples
+# (seen 180-206: one run in five outside 10%); 9 s gives 900 +- 30, 10% being 3 sd.
+CRUNCH_MS = 1500
 IDLE_MS = 200
+# issue #14: the CPU attributed to the busy spans, summed, within 10% of what the app measured
+TOLERANCE = 0.10
 
-def run_app(sp: SpanprofProcess, protocol: str, service: str) -> dict[str, list[list[str]]]:
-    """sdk_app.py against ``sp``; returns the hex (trace_id, span_id) of its spans."""
+
+def run_app(sp: SpanprofProcess, protocol: str, service: str) -> dict[str, list[Any]]:
+    """sdk_app.py against ``sp``; its JSON line: the hex (trace_id, span_id) of its spans
+    and the CPU time it measured in each."""
     endpoint = sp.http_url if protocol == "http" else sp.grpc_target
+    # The Python SDK's sampler (py-spy) takes a thread that is running *or runnable* as on
+    # CPU: on a machine whose cores are busy with other work, the time the program waits
+    # for a core shows up as CPU in its profile (seen: 2190 ms for 1800 ms of CPU, the spans'
+    # whole duration; 1.06-1.14 with the rest of the machine at nice 10 below the program).
+    # Where the test may (root, as here and in CI), the program runs at a real-time priority
+    # (SCHED_FIFO 1, any other work on the machine waits for it): it then waits for a core
+    # for no measurable time (``crunch_wait_ns``), and its samples are its CPU time.
+    rt = ["chrt", "--fifo", "1"] if os.geteuid() == 0 and shutil.which("chrt") else []
     proc = subprocess.run(
-        [sys.executable, str(APP), protocol, endpoint, sp.pyroscope_url, service,
+        [*rt, sys.executable, str(APP), protocol, endpoint, sp.pyroscope_url, service,
          str(ITERATIONS), "--crunch-ms", str(CRUNCH_MS), "--idle-ms", str(IDLE_MS),
          "--upload-interval", "1"],
         cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, f"sdk_app exited {proc.returncode}:\n{proc.stderr}"
-    ids: dict[str, list[list[str]]] = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert len(ids["crunch"]) == len(ids["idle"]) == ITERATIONS
-    return ids
+    return app_output(proc.stdout)
+
+
+def app_output(stdout: str, iterations: int = ITERATIONS) -> dict[str, list[Any]]:
+    """The last line of a client program's output: ``crunch``/``idle`` ids and the CPU time
+    it measured in each (``crunch_cpu_ns``/``idle_cpu_ns``), one per span."""
+    out: dict[str, list[Any]] = json.loads(stdout.strip().splitlines()[-1])
+    assert len(out["crunch"]) == len(out["idle"]) == iterations, out
+    assert len(out["crunch_cpu_ns"]) == len(out["idle_cpu_ns"]) == iterations, out
+    return out
 
 
 def settled_spans(sp: SpanprofProcess, service: str, want: set[str],
@@ -74,57 +106,77 @@ def fmt(spans: list[dict[str, Any]]) -> str:
         for s in spans)
 
 
+def check_busy_spans(client: str, busy: list[dict[str, Any]], measured_ns: list[int],
+                     heavy: str, report: str, top_share: float = 0.8,
+                     function: Callable[[str], str] = lambda name: name,
+                     ) -> tuple[float, float]:
+    """Issue #14's acceptance for one client's busy spans: ``heavy`` is the top self-CPU
+    function of each of them and of all together (at least ``top_share`` of their CPU),
+    every one has samples, and the CPU attributed to them (exact methods), summed, is within
+    ``TOLERANCE`` of the CPU time the program measured in them. ``function`` maps a name in
+    the profile to the function it is (the Node SDK names one per line). Prints and returns
+    (attributed / measured, ``heavy``'s share of the attributed CPU)."""
+    attributed = sum(s["cpu_ns"] for s in busy)
+    measured = sum(measured_ns)
+    by_function: Counter[str] = Counter()
+    tops: list[str] = []
+    for s in busy:
+        mine: Counter[str] = Counter()
+        for f in s["top_functions"]:
+            mine[function(f["name"])] += f["self_ns"]
+        by_function.update(mine)
+        tops.append(mine.most_common(1)[0][0] if mine else "")
+    ratio = attributed / measured if measured else float("inf")
+    share = by_function[heavy] / attributed if attributed else 0.0
+    print(f"{client}: busy spans' attributed/measured CPU = {ratio:.3f} "
+          f"({attributed / 1e6:.0f} / {measured / 1e6:.0f} ms), {heavy} {share:.1%} of it, "
+          f"{len(busy)} spans, {sum(s['sample_count'] for s in busy)} samples, "
+          f"{sum(s['duration_ns'] for s in busy) / 1e6:.0f} ms of duration\n{report}")
+    assert measured > 0, report
+    assert abs(attributed - measured) <= TOLERANCE * measured, (
+        f"{client}: attributed {attributed / 1e6:.0f} ms, measured by the app "
+        f"{measured / 1e6:.0f} ms\n{report}")
+    assert by_function.most_common(1)[0][0] == heavy, report
+    assert share > top_share, report
+    assert all(s["sample_count"] > 0 for s in busy), report
+    assert tops == [heavy] * len(busy), (tops, report)
+    assert all("link" in s["method"].split(",") for s in busy), report
+    return ratio, share
+
+
 class TestRealSdks:
     @pytest.mark.parametrize("protocol", ["http", "grpc"])
     def test_heavy_function_tops_its_spans(self, tmp_path: Path, protocol: str) -> None:
-        """Root spans that burn CPU in ``burn_cpu_in_hash_loop`` get that function as their
-        top function and most of their duration as CPU (joined by the span_id/trace_id
-        labels ``pyroscope-otel`` puts on the samples); root spans that sleep get almost
-        none. Spans exported over OTLP/``protocol``, profiles pushed by the Pyroscope SDK."""
+        """Python: root spans that burn CPU in ``burn_cpu_in_hash_loop`` get that function
+        as their top function and, summed, the CPU the program measured in them (within
+        10%; joined by the span_id/trace_id labels ``pyroscope-otel`` puts on the samples);
+        root spans that sleep get almost none. Spans exported over OTLP/``protocol``,
+        profiles pushed by the Pyroscope SDK."""
         sp = SpanprofProcess(tmp_path)  # OTLP gRPC + HTTP and Pyroscope, as config/local.yaml
         sp.start()
         try:
             service = f"sdk-app-{protocol}"
-            ids = run_app(sp, protocol, service)
-            crunch_ids = {sid for _, sid in ids["crunch"]}
-            idle_ids = {sid for _, sid in ids["idle"]}
+            out = run_app(sp, protocol, service)
+            crunch_ids = {sid for _, sid in out["crunch"]}
+            idle_ids = {sid for _, sid in out["idle"]}
             by_id = settled_spans(sp, service, crunch_ids | idle_ids)
-            crunch = [by_id[sid] for sid in sorted(crunch_ids)]
-            idle = [by_id[sid] for sid in sorted(idle_ids)]
-            report = f"crunch:\n{fmt(crunch)}\nidle:\n{fmt(idle)}"
+            crunch = [by_id[sid] for _, sid in out["crunch"]]
+            idle = [by_id[sid] for _, sid in out["idle"]]
+            report = f"crunch:\n{fmt(crunch)}\nidle:\n{fmt(idle)}\napp: {out}"
 
-            for (tid, sid) in ids["crunch"] + ids["idle"]:
+            for (tid, sid) in out["crunch"] + out["idle"]:
                 s = by_id[sid]
                 assert s["trace_id"] == tid and s["service"] == service, report
                 assert s["parent_span_id"] == "", report
             assert {s["name"] for s in crunch} == {"crunch"}, report
             assert {s["name"] for s in idle} == {"idle"}, report
 
-            # in aggregate: most of the crunch spans' duration is CPU, and it is the heavy
-            # function's (the exact method: samples joined by their span labels)
-            cpu = sum(s["cpu_ns"] for s in crunch)
-            duration = sum(s["duration_ns"] for s in crunch)
-            ratio = cpu / duration
-            print(f"{protocol}: crunch cpu/duration = {ratio:.3f} "
-                  f"({cpu / 1e6:.0f} / {duration / 1e6:.0f} ms)\n{report}")
-            assert ratio > 0.5, report
-            assert all(s["duration_ns"] >= CRUNCH_MS * 1_000_000 for s in crunch), report
-            by_function: Counter[str] = Counter()
-            for s in crunch:
-                for f in s["top_functions"]:
-                    by_function[f["name"]] += f["self_ns"]
-            assert by_function.most_common(1)[0][0] == HEAVY, report
-            assert by_function[HEAVY] > 0.8 * cpu, report
-            assert sum(s["off_cpu_ns"] for s in crunch) < 0.5 * duration, report
-
-            # one by one, for most of them (a sampler at 100 Hz on a busy machine can
-            # miss some samples of one span; it cannot move them to another function)
-            sampled = [s for s in crunch if s["sample_count"] > 0]
-            assert len(sampled) >= ITERATIONS - 1, report
-            assert all(s["top_functions"][0]["name"] == HEAVY for s in sampled), report
-            assert all("link" in s["method"].split(",") for s in sampled), report
-            mostly_cpu = [s for s in crunch if s["cpu_ns"] > 0.5 * s["duration_ns"]]
-            assert len(mostly_cpu) > len(crunch) / 2, report
+            print(f"python/{protocol}: waited for a core in the busy spans "
+                  f"{sum(out['crunch_wait_ns']) / 1e6:.0f} ms")
+            check_busy_spans(f"python/{protocol}", crunch, out["crunch_cpu_ns"], HEAVY,
+                             report)
+            assert sum(s["off_cpu_ns"] for s in crunch) < 0.5 * sum(
+                s["duration_ns"] for s in crunch), report
 
             # the sleeping spans: their duration is off-CPU
             idle_cpu = sum(s["cpu_ns"] for s in idle)
@@ -136,10 +188,115 @@ class TestRealSdks:
                        for s in idle for f in s["top_functions"]), report
 
             # the trace view says the same for a crunch span
-            tid, sid = ids["crunch"][-1]
+            tid, sid = out["crunch"][-1]
             trace = sp.get(f"/api/v1/traces/{tid}")
             assert [s["span_id"] for s in trace["spans"]] == [sid], trace
             assert trace["spans"][0]["cpu_ns"] == by_id[sid]["cpu_ns"], trace
+            assert sp.stop() == 0
+        finally:
+            if sp.proc is not None and sp.proc.poll() is None:
+                sp.stop(signal.SIGKILL)
+
+
+NODE_APP = ROOT / "tests" / "clients" / "node"
+# the busy function of tests/clients/node/app.js as the SDK names it, without the line
+# (``./app.js:burnCpuInHashLoop:LINE``: file relative to the working directory, name, line)
+NODE_HEAVY = "./app.js:burnCpuInHashLoop"
+
+
+def node_function(name: str) -> str:
+    """A function name from the Node SDK's profile without its line number."""
+    head, _, line = name.rpartition(":")
+    return head if head and line.isdigit() else name
+
+
+def node_cache() -> Path:
+    return Path(os.environ.get("SPANPROF_NODE_CACHE") or Path.home() / ".cache/spanprof/node")
+
+
+@pytest.fixture(scope="session")
+def node_modules() -> Path:
+    """tests/clients/node's packages, installed once with ``npm ci`` from its
+    package-lock.json (every version pinned) into a cache that outlives the session,
+    ``~/.cache/spanprof/node/<lock hash>`` (``SPANPROF_NODE_CACHE``): the first install
+    downloads them (seconds), later runs reuse them. Node and npm are on every machine of
+    this project: no Node, or an install that fails, is a failure, never a skip."""
+    node, npm = shutil.which("node"), shutil.which("npm")
+    if node is None or npm is None:
+        pytest.fail("node/npm are not on PATH: the Node SDK test needs them", pytrace=False)
+    lock = (NODE_APP / "package-lock.json").read_bytes()
+    manifest = (NODE_APP / "package.json").read_bytes()
+    where = node_cache() / hashlib.sha256(manifest + lock).hexdigest()[:16]
+    done = where / "installed"
+    if not done.exists():
+        where.mkdir(parents=True, exist_ok=True)
+        (where / "package.json").write_bytes(manifest)
+        (where / "package-lock.json").write_bytes(lock)
+        proc = subprocess.run(
+            [npm, "ci", "--no-audit", "--no-fund", "--cache", str(node_cache() / "npm-cache")],
+            cwd=where, capture_output=True, text=True, timeout=600)
+        if proc.returncode != 0:
+            pytest.fail(f"npm ci of {NODE_APP} failed ({proc.returncode}):\n"
+                        f"{proc.stderr[-4000:]}", pytrace=False)
+        done.write_text("ok\n")
+    return where / "node_modules"
+
+
+def run_node_app(modules: Path, sp: SpanprofProcess, service: str) -> dict[str, list[Any]]:
+    """tests/clients/node/app.js against ``sp``; its JSON line (``app_output``)."""
+    env = dict(os.environ, SERVICE=service, SPANPROF_OTLP_HTTP=sp.http_url,
+               SPANPROF_PYROSCOPE=sp.pyroscope_url, ITERATIONS=str(ITERATIONS),
+               CRUNCH_MS=str(NODE_CRUNCH_MS), IDLE_MS=str(IDLE_MS), UPLOAD_MS="1000",
+               NODE_PATH=str(modules), DEBUG="pyroscope")
+    proc = subprocess.run(["node", "app.js"], cwd=NODE_APP, env=env, capture_output=True,
+                          text=True, timeout=90)
+    assert proc.returncode == 0, f"node app exited {proc.returncode}:\n{proc.stderr}"
+    # with DEBUG=pyroscope the SDK logs each refused or failed upload
+    assert "rejected" not in proc.stderr and "Error sending" not in proc.stderr, proc.stderr
+    return app_output(proc.stdout)
+
+
+# V8's profiler takes a sample about every 10 ms of wall time and gives each the CPU time
+# the thread used since the one before: a span's first sample carries CPU from before it
+# and the CPU after its last sample goes to the next (up to 10 ms at each end)
+NODE_CRUNCH_MS = 500
+
+
+class TestNodeSdk:
+    def test_node_sdk_busy_function_tops_its_spans(self, tmp_path: Path,
+                                                   node_modules: Path) -> None:
+        """Node.js: ``@pyroscope/nodejs`` 0.6.4 (wall profiler with CPU time, uploads to
+        /ingest as pprof), its samples labelled ``span_id``/``trace_id`` by the program
+        with ``wrapWithLabels``; spans from the OpenTelemetry JS SDK over OTLP/HTTP
+        protobuf. ``burnCpuInHashLoop`` is the top self-CPU function of the ``crunch``
+        spans, which have, summed, the CPU time the program measured in them (within
+        10%); the sleeping ``idle`` spans have almost none."""
+        sp = SpanprofProcess(tmp_path)
+        sp.start()
+        try:
+            service = "node-sdk-app"
+            out = run_node_app(node_modules, sp, service)
+            crunch_ids = {sid for _, sid in out["crunch"]}
+            idle_ids = {sid for _, sid in out["idle"]}
+            by_id = settled_spans(sp, service, crunch_ids | idle_ids)
+            crunch = [by_id[sid] for _, sid in out["crunch"]]
+            idle = [by_id[sid] for _, sid in out["idle"]]
+            report = f"crunch:\n{fmt(crunch)}\nidle:\n{fmt(idle)}\napp: {out}"
+            refused = [line for line in sp.logs().splitlines() if "_refused" in line]
+            assert refused == [], refused[:5]
+
+            for tid, sid in out["crunch"] + out["idle"]:
+                s = by_id[sid]
+                assert s["trace_id"] == tid and s["service"] == service, report
+                assert s["parent_span_id"] == "", report
+
+            check_busy_spans("node", crunch, out["crunch_cpu_ns"], NODE_HEAVY, report,
+                             function=node_function)
+
+            idle_cpu = sum(s["cpu_ns"] for s in idle)
+            idle_duration = sum(s["duration_ns"] for s in idle)
+            print(f"node: idle cpu/duration = {idle_cpu / idle_duration:.3f}")
+            assert idle_cpu < 0.1 * idle_duration, report
             assert sp.stop() == 0
         finally:
             if sp.proc is not None and sp.proc.poll() is None:

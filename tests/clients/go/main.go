@@ -13,11 +13,13 @@
 //	CRUNCH_MS, IDLE_MS   the CPU time each crunch burns, the time each idle sleeps (300, 200)
 //	UPLOAD_MS            the profiler's upload interval (default 1000)
 //
-// Each iteration runs two root spans: "crunch", which spends CRUNCH_MS of CPU time in
-// burnCPUInHashLoop, and "idle", which sleeps IDLE_MS. At the end the spans are flushed,
-// then the profiler is flushed (its last profiles uploaded) and stopped; the span ids are printed
-// on stdout as one JSON line: {"crunch": [[trace_id, span_id], ...], "idle": [...]}.
-// Upload errors are logged by the SDK on stderr ("upload profile: ...").
+// Each iteration runs two root spans: "crunch", which spends CRUNCH_MS of its thread's CPU
+// time in burnCPUInHashLoop, and "idle", which sleeps IDLE_MS. The spans run on the main
+// goroutine locked to its OS thread, and the CPU time that thread used in each span is
+// measured around its work (CLOCK_THREAD_CPUTIME_ID). At the end the spans are flushed, then
+// the profiler is flushed (its last profiles uploaded) and stopped; one JSON line goes to
+// stdout: {"crunch": [[trace_id, span_id], ...], "idle": [...], "crunch_cpu_ns": [...],
+// "idle_cpu_ns": [...]}. Upload errors are logged by the SDK on stderr ("upload profile: ...").
 package main
 
 import (
@@ -25,10 +27,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
+	"unsafe"
 
 	otelpyroscope "github.com/grafana/otel-profiling-go"
 	"github.com/grafana/pyroscope-go"
@@ -39,17 +43,17 @@ import (
 	"go.opentelemetry.io/otel/trace"
 )
 
-// burnCPUInHashLoop runs FNV-1a over integers until the process has used ms of CPU
-// time (not wall time: on a busy machine the span is longer, its CPU the same), or ten
-// times that of wall time. The profiler's samples land in this frame; noinline keeps it
-// a frame of its own.
+// burnCPUInHashLoop runs FNV-1a over integers until this thread has used ms of CPU time
+// (not wall time: on a busy machine the span is longer, its CPU the same), or ten times
+// that of wall time. The profiler's samples land in this frame; noinline keeps it a frame
+// of its own.
 //
 //go:noinline
 func burnCPUInHashLoop(ms int) uint32 {
 	budget := time.Duration(ms) * time.Millisecond
-	start, deadline := cpuTime(), time.Now().Add(10*budget)
+	start, deadline := threadCPU(), time.Now().Add(10*budget)
 	h := uint32(0x811C9DC5)
-	for cpuTime()-start < budget && time.Now().Before(deadline) {
+	for threadCPU()-start < budget && time.Now().Before(deadline) {
 		for i := 0; i < 20000; i++ {
 			h = (h ^ uint32(i&0xFF)) * 0x01000193
 		}
@@ -57,13 +61,18 @@ func burnCPUInHashLoop(ms int) uint32 {
 	return h
 }
 
-// cpuTime is the CPU time the process has used (user + system).
-func cpuTime() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+// threadCPU is the CPU time the calling OS thread has used: the caller is locked to its
+// thread (runtime.LockOSThread), so it is the goroutine's. The Go runtime's CPU profiler
+// samples each thread by a timer on that same clock.
+func threadCPU() time.Duration {
+	const clockThreadCPUTimeID = 3 // CLOCK_THREAD_CPUTIME_ID
+	var ts syscall.Timespec
+	_, _, errno := syscall.Syscall(syscall.SYS_CLOCK_GETTIME, clockThreadCPUTimeID,
+		uintptr(unsafe.Pointer(&ts)), 0)
+	if errno != 0 {
 		return 0
 	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	return time.Duration(ts.Nano())
 }
 
 // stderrLogger is the SDK's logger: its errors (failed uploads) reach the test's output.
@@ -82,7 +91,7 @@ func envInt(name string, def int) int {
 	return def
 }
 
-func ids(span trace.Span) []string {
+func spanIDs(span trace.Span) []string {
 	sc := span.SpanContext()
 	return []string{sc.TraceID().String(), sc.SpanID().String()}
 }
@@ -125,21 +134,28 @@ func run() error {
 		sdktrace.WithBatcher(exporter, sdktrace.WithBatchTimeout(500*time.Millisecond)))
 	tracer := otelpyroscope.NewTracerProvider(sdk).Tracer("spanprof-go-app")
 
-	// pyroscope.Start starts the CPU profiler in a goroutine of its own: let it run
-	// before the first span, or that span's first samples are not taken
+	// pyroscope.Start starts the CPU profiler in a goroutine of its own: let it run and
+	// burn a little outside any span before the first one, so that the first span is
+	// sampled like the others (the runtime arms a thread's profiling timer when it sees
+	// the profiler on)
 	time.Sleep(300 * time.Millisecond)
-	out := map[string][][]string{"crunch": {}, "idle": {}}
-	var sink uint32
+	sink := burnCPUInHashLoop(200)
+	ids := map[string][][]string{"crunch": {}, "idle": {}}
+	cpu := map[string][]int64{"crunch": {}, "idle": {}}
 	for i := 0; i < iterations; i++ {
 		_, span := tracer.Start(ctx, "crunch")
+		cpu0 := threadCPU()
 		sink ^= burnCPUInHashLoop(crunchMS)
+		cpu["crunch"] = append(cpu["crunch"], int64(threadCPU()-cpu0))
 		span.End()
-		out["crunch"] = append(out["crunch"], ids(span))
+		ids["crunch"] = append(ids["crunch"], spanIDs(span))
 
 		_, span = tracer.Start(ctx, "idle")
+		cpu0 = threadCPU()
 		time.Sleep(time.Duration(idleMS) * time.Millisecond)
+		cpu["idle"] = append(cpu["idle"], int64(threadCPU()-cpu0))
 		span.End()
-		out["idle"] = append(out["idle"], ids(span))
+		ids["idle"] = append(ids["idle"], spanIDs(span))
 	}
 
 	if err := sdk.Shutdown(ctx); err != nil { // exports every span still queued
@@ -151,13 +167,18 @@ func run() error {
 	if err := profiler.Stop(); err != nil {
 		return fmt.Errorf("profiler.Stop: %w", err)
 	}
-	doc, _ := json.Marshal(out)
+	doc, _ := json.Marshal(map[string]interface{}{
+		"crunch": ids["crunch"], "idle": ids["idle"],
+		"crunch_cpu_ns": cpu["crunch"], "idle_cpu_ns": cpu["idle"],
+	})
 	fmt.Println(string(doc))
 	fmt.Fprintf(os.Stderr, "checksum %d\n", sink)
 	return nil
 }
 
 func main() {
+	// the spans run on the main goroutine: on one OS thread, whose CPU clock measures them
+	runtime.LockOSThread()
 	if err := run(); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)

@@ -2,8 +2,8 @@
 
     .venv/bin/python tests/clients/java/capture.py [--out DIR] [--seconds N] [--keep N]
 
-Builds the app beside this file (``mvn -q package``, Maven's local repository under
-``~/.cache/spanprof/m2``; the agents come from Maven Central through
+Builds the app beside this file (javaapp.py: ``mvn -q package``, Maven's local repository
+under ``~/.cache/spanprof/m2``; the agents come from Maven Central through
 ``dependency:copy``, pinned in pom.xml), then runs it once per scenario under the Pyroscope
 Java agent, the OpenTelemetry Java agent and the Pyroscope OTel extension, with
 ``PYROSCOPE_SERVER_ADDRESS`` pointing at a small HTTP server in this process. The server
@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 import threading
@@ -43,13 +42,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
 
-HERE = Path(__file__).resolve().parent
+from javaapp import HERE, BuildFailed, build, command
+
 REPO = HERE.parents[2]
-M2 = Path.home() / ".cache" / "spanprof" / "m2"
-AGENTS = HERE / "target" / "agents"
-PYROSCOPE_AGENT = "agent-2.9.2.jar"
-OTEL_AGENT = "opentelemetry-javaagent-2.33.1.jar"
-OTEL_EXTENSION = "otel-1.0.2.jar"
 COMMON = {
     "PYROSCOPE_APPLICATION_NAME": "capture-app",
     "PYROSCOPE_LABELS": "env=test",
@@ -113,12 +108,6 @@ def parts(body: bytes, content_type: str) -> list[tuple[str, dict[str, str], byt
     return out
 
 
-def build() -> None:
-    M2.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["mvn", "-q", "-B", f"-Dmaven.repo.local={M2}", "package"], cwd=HERE,
-                   check=True)
-
-
 def run(scenario: str, seconds: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Runs the app under the agents; returns the requests it sent and its root spans."""
     server = ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
@@ -127,10 +116,7 @@ def run(scenario: str, seconds: int) -> tuple[list[dict[str, Any]], list[dict[st
     thread.start()
     env = {**os.environ, **COMMON, **SCENARIOS[scenario],
            "PYROSCOPE_SERVER_ADDRESS": f"http://127.0.0.1:{server.server_address[1]}"}
-    cmd = ["java", f"-javaagent:{AGENTS / PYROSCOPE_AGENT}",
-           f"-javaagent:{AGENTS / OTEL_AGENT}",
-           f"-Dotel.javaagent.extensions={AGENTS / OTEL_EXTENSION}",
-           "-jar", str(HERE / "target" / "capture-app.jar"), str(seconds)]
+    cmd = command(str(seconds))
     try:
         out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True,
                              timeout=seconds + 120)
@@ -154,9 +140,10 @@ def main() -> None:
     ap.add_argument("--scenario", action="append", choices=sorted(SCENARIOS),
                     help="only these (default: all)")
     args = ap.parse_args()
-    if shutil.which("mvn") is None or shutil.which("java") is None:
-        sys.exit("capture.py needs java and mvn on PATH")
-    build()
+    try:
+        build()
+    except BuildFailed as err:
+        sys.exit(f"capture.py: {err}")
     args.out.mkdir(parents=True, exist_ok=True)
     index: dict[str, Any] = {}
     all_spans: dict[str, Any] = {}
