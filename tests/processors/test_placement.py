@@ -11,6 +11,7 @@ import pytest
 
 from bench.accuracy import SCENARIOS, Scenario, run
 from pipeline.records import AttributionBatch, ProfileBatch, Sample, Span, Stack
+from processors.correlate.skew import Skew
 from processors.correlate.state import CorrelatorState
 
 MS = 1_000_000
@@ -119,6 +120,19 @@ class TestChildSpans:
         for r in out.attributions:
             cpu[r.method] += r.cpu_ns
         assert cpu == {"link": 40 * 6 * 10 * MS, "link+time": 40 * 4 * 10 * MS}
+
+
+    def test_no_skew_learnt_from_spans_that_wait_at_one_end(self) -> None:
+        """Agreeing clocks, spans busy then waiting 30 ms at their end: the bounds admit no
+        skew, so none is taken off (their midpoint would move every sample 15 ms late);
+        with the profiler 40 ms ahead the bounds exclude 0 and a skew is learnt."""
+        for ahead in (0, 40):
+            sk = Skew()
+            for i in range(40):
+                base = i * 200 * MS
+                for t in range(0, 70, 10):  # busy 0-70 ms, then waits until 100 ms
+                    sk.observe(base + (t + 5 + ahead) * MS, base, base + 100 * MS)
+            assert (sk.estimate == 0) if ahead == 0 else (sk.estimate == 25 * MS)
 
 
 class TestUnlabelled:
