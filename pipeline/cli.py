@@ -263,7 +263,7 @@ def parser() -> argparse.ArgumentParser:
         c.add_argument("--admin", default=DEFAULT_ADMIN, help="admin API of `spanprof run`")
         c.add_argument("--method", default="exact",
                        help="rows to add up: exact (link, link+time; the default), all, or "
-                            "a comma-separated list of link, link+time, thread, window")
+                            "a comma-separated list of link, link+time, link+share, thread, window")
         if name == "top":
             c.add_argument("--by", choices=["cpu", "inclusive", "duration", "off_cpu"],
                            default="cpu")
@@ -276,7 +276,7 @@ def parser() -> argparse.ArgumentParser:
             c.add_argument("--format", choices=["tree", "json"], default="tree")
             c.set_defaults(func=cmd_explain)
     method_help = ("rows to add up: exact (link, link+time; the default), all, or a "
-                   "comma-separated list of link, link+time, thread, window")
+                   "comma-separated list of link, link+time, link+share, thread, window")
     h = sub.add_parser("hot", help="functions by self CPU in a service or operation")
     d = sub.add_parser("diff", help="which functions got more expensive between two ranges")
     f = sub.add_parser("flamegraph", help="an SVG flame graph of a span or an operation")

@@ -147,7 +147,7 @@ class Attribution(msgspec.Struct, array_like=True, gc=False):
 
     trace_id: bytes
     span_id: bytes
-    method: str  # link | link+time (exact) | thread | window (approximate); state.py
+    method: str  # link | link+time (exact) | link+share | thread | window (approximate)
     service: str
     name: str
     parent_span_id: bytes

@@ -18,10 +18,11 @@ class Queryable(Protocol):
                     ) -> tuple[list[str], list[tuple[Any, ...]]]: ...
 
 
-# which rows add up to a span's figures: the exact methods by default; ``thread`` and
-# ``window`` rows are approximate and never summed with them unless asked
-METHOD_SETS = {"exact": ("link", "link+time"), "all": ("link", "link+time", "thread", "window")}
-APPROXIMATE = ("thread", "window")
+# which rows add up to a span's figures: the exact methods by default; ``link+share``,
+# ``thread`` and ``window`` rows are approximate and never summed with them unless asked
+METHOD_SETS = {"exact": ("link", "link+time"),
+               "all": ("link", "link+time", "link+share", "thread", "window")}
+APPROXIMATE = ("link+share", "thread", "window")
 
 
 def _spans_sql(database: str, where: str, tail: str = "") -> str:

@@ -17,7 +17,9 @@ Key = tuple[bytes, bytes]  # (trace_id, span_id)
 MINUTE_NS = 60_000_000_000
 UNKNOWN_FRAME = "[unknown]"
 LINK, LINK_TIME, THREAD, WINDOW = "link", "link+time", "thread", "window"
+SHARE = "link+share"  # an untimed sample's estimated share in a child of its labelled span
 EXACT_METHODS = (LINK, LINK_TIME)
+LABELLED_METHODS = (LINK, LINK_TIME, SHARE)  # from labelled samples: reconciled per trace
 
 
 class M:

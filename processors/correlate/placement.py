@@ -8,7 +8,15 @@
 * ``thread``    - an unlabelled timed sample, matched by process (service, host, pid) and
                   thread to the innermost span running on that thread at that instant;
 * ``window``    - an unlabelled timed sample where threads are unknown: shared equally by the
-                  innermost spans of the process open at that instant (approximate).
+                  innermost spans of the process open at that instant (approximate);
+* ``link+share``- an untimed sample (pprof: Go, Python, Node) labelled with a span that has
+                  children of its service: it cannot be placed by instant, so the labelled
+                  span's subtree shares it by self time (each span's duration less its
+                  children's), the children's parts under this method (approximate), the
+                  labelled span's own part under ``link``, whose inclusive CPU keeps the
+                  whole sample (exact: it was taken within that subtree). Shared among the
+                  spans known when the sample arrives; one that comes before its span stays
+                  on its label.
 
 A sample placed in a span is credited to it (self) and to its known ancestors in the same
 service (inclusive CPU); a sample of a span not seen yet waits as an orphan, and one that
@@ -29,6 +37,7 @@ from processors.correlate.accumulators import (
     LINK,
     LINK_TIME,
     MINUTE_NS,
+    SHARE,
     THREAD,
     WINDOW,
     Acc,
@@ -151,13 +160,65 @@ class Placement:
         smp = self._resolve(smp)
         key = (smp.trace_id, smp.span_id)
         if self._acc_of(key, now) is not None:
-            self._credit(key, LINK, smp, smp.value, smp.count, leaf, now)
+            tree = self.trees.get(key[0])
+            shares = tree.shares(key[1]) if tree is not None else []
+            if shares:
+                self._share(key, shares, smp, leaf, now)
+            else:
+                self._credit(key, LINK, smp, smp.value, smp.count, leaf, now)
             return
         orphan = self.orphans.get(key)
         if orphan is None:
             orphan = self.orphans[key] = Orphan(Acc(now, smp.service))
         self._items += orphan.acc.add(LINK, smp.measure, smp.value, smp.count, leaf,
                                       smp.stack_id)
+
+    def _share(self, key: Key, shares: list[tuple[bytes, int]], smp: Sample, leaf: str,
+               now: float) -> None:
+        """An untimed sample labelled ``key`` shared in its subtree (``Tree.shares``): see
+        ``link+share`` in the module docstring."""
+        parts = [(sid, w) for sid, w in shares
+                 if sid == key[1] or self._acc_of((key[0], sid), now) is not None]
+        total = sum(w for _, w in parts)
+        if total <= 0:
+            self._credit(key, LINK, smp, smp.value, smp.count, leaf, now)
+            return
+        self.stats.samples_shared += 1
+        own_value, own_count = smp.value, smp.count
+        cpu = smp.measure == "cpu"
+        for sid, w in parts[1:]:  # parts[0] is the labelled span itself
+            value, count = smp.value * w // total, smp.count * w // total
+            if not value and not count:
+                continue
+            own_value -= value
+            own_count -= count
+            ckey = (key[0], sid)
+            acc = self._acc_of(ckey, now)
+            assert acc is not None
+            self._items += acc.add(SHARE, smp.measure, value, count, leaf, smp.stack_id)
+            if cpu:  # up to the labelled span, whose inclusive CPU has the whole sample
+                self._lift_to(ckey, key[1], value, now)
+        acc = self._acc_of(key, now)
+        assert acc is not None
+        self._items += acc.add(LINK, smp.measure, own_value, own_count, leaf, smp.stack_id)
+        if cpu:
+            acc.by[LINK].incl_cpu += smp.value - own_value
+            self._lift(key, LINK, smp.value, now)
+
+    def _lift_to(self, key: Key, stop: bytes, value: int, now: float) -> None:
+        """``link+share`` CPU of ``key`` into the inclusive CPU of its ancestors below
+        ``stop`` (all known: the share was computed over the known subtree of ``stop``)."""
+        tree = self.trees[key[0]]
+        parent_id = tree.spans[key[1]].parent_span_id
+        while parent_id and parent_id != stop:
+            pacc = self._acc_of((key[0], parent_id), now)
+            info = tree.spans.get(parent_id)
+            if pacc is None or info is None:
+                break
+            methods = len(pacc.by)
+            pacc.m(SHARE).incl_cpu += value
+            self._items += METHOD_ITEMS * (len(pacc.by) - methods)
+            parent_id = info.parent_span_id
 
     def _skew_of(self, smp: Sample) -> int:
         sk = self.skews.get((smp.service, smp.pid, smp.host))

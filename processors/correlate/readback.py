@@ -82,7 +82,8 @@ FROM {{db}}.profile_samples WHERE {where} AND measure IN ('cpu', 'wall')""", t=t
                               host, bool(timed)))
     stacks = await _stacks(store, samples)
     stored = Stored()
-    await _stored(store, stored, where + " AND method IN ('link', 'link+time')", trace_of,
+    await _stored(store, stored,
+                  where + " AND method IN ('link', 'link+time', 'link+share')", trace_of,
                   {"t": traces, "s": ids})
     return spans, samples, stacks, stored
 

@@ -40,6 +40,7 @@ from datetime import UTC, datetime
 
 from pipeline.records import AttributionBatch, Unattributed
 from pipeline.registry import Store
+from processors.correlate.accumulators import LABELLED_METHODS
 from processors.correlate.messages import random_source
 from processors.correlate.readback import affected, load, load_unlabelled, unlabelled_services
 from processors.correlate.reconcile import APPROX_METHODS, UNATTRIBUTED, deltas, expected
@@ -115,7 +116,7 @@ async def recover(store: Store, since: float,
     for i in range(0, len(traces), CHUNK_TRACES):
         chunk = sorted(traces[i:i + CHUNK_TRACES])
         spans, samples, stacks, stored = await load(store, chunk)
-        rows = deltas(expected(spans, samples, stacks), stored)
+        rows = deltas(expected(spans, samples, stacks), stored, LABELLED_METHODS)
         for j in range(0, len(rows), SEND_ROWS):
             await send(AttributionBatch(rows[j:j + SEND_ROWS]))
         res.traces += len(chunk)

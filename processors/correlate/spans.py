@@ -47,20 +47,52 @@ class Tree:
     ``waiting``: CPU of known spans whose parent is not known yet, by parent id, then
     (service, method), to be added to that parent's inclusive CPU (and up) when it comes."""
 
-    __slots__ = ("spans", "_children", "waiting")
+    __slots__ = ("spans", "_children", "waiting", "_shares")
 
     def __init__(self) -> None:
         self.spans: dict[bytes, SpanInfo] = {}
         self._children: dict[bytes, list[bytes]] | None = None
         self.waiting: dict[bytes, dict[tuple[str, str], int]] | None = None
+        self._shares: dict[bytes, list[tuple[bytes, int]]] | None = None
 
     def add(self, span_id: bytes, info: SpanInfo) -> None:
         self.spans[span_id] = info
         self._children = None
+        self._shares = None
 
     def remove(self, span_id: bytes) -> None:
         self.spans.pop(span_id, None)
         self._children = None
+        self._shares = None
+
+    def shares(self, span_id: bytes) -> list[tuple[bytes, int]]:
+        """How an untimed sample labelled ``span_id`` is shared in its subtree: each span of
+        the labelled span's service below it (and the span itself, first) with its self
+        time, its duration less the union of its same-service children's (clipped to it).
+        Empty where the span has no such child: the sample stays on its label."""
+        if self._shares is None:
+            self._shares = {}
+        got = self._shares.get(span_id)
+        if got is not None:
+            return got
+        info = self.spans.get(span_id)
+        out: list[tuple[bytes, int]] = []
+        if info is not None and info.duration_ns > 0:
+            seen = {span_id}
+            todo = [span_id]
+            while todo:
+                sid = todo.pop()
+                s = self.spans[sid]
+                kids = [c for c in self.children(sid) if c not in seen
+                        and self.spans[c].service == info.service]
+                out.append((sid, max(0, s.duration_ns - _covered(
+                    s, [self.spans[c] for c in kids]))))
+                seen.update(kids)
+                todo.extend(kids)
+            if len(out) == 1 or not any(w for _, w in out[1:]):
+                out = []
+        self._shares[span_id] = out
+        return out
 
     def children(self, span_id: bytes) -> list[bytes]:
         if self._children is None:
@@ -70,6 +102,22 @@ class Tree:
                     ch.setdefault(info.parent_span_id, []).append(sid)
             self._children = ch
         return self._children.get(span_id, [])
+
+
+def _covered(parent: SpanInfo, children: list[SpanInfo]) -> int:
+    """How much of ``parent``'s time its ``children`` cover (their union, clipped)."""
+    lo_end, hi_end = parent.start_ns, parent.end_ns
+    spans = sorted((max(c.start_ns, lo_end), min(c.end_ns, hi_end)) for c in children)
+    total, cur_lo, cur_hi = 0, 0, -1
+    for lo, hi in spans:
+        if hi <= lo:
+            continue
+        if lo > cur_hi:
+            total += max(0, cur_hi - cur_lo)
+            cur_lo, cur_hi = lo, hi
+        else:
+            cur_hi = max(cur_hi, hi)
+    return total + max(0, cur_hi - cur_lo)
 
 
 @dataclass(slots=True)

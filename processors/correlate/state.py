@@ -69,6 +69,7 @@ class Stats:
     samples_unlinked: int = 0
     samples_placed_in_child: int = 0  # link+time: moved from the labelled span to a child
     samples_by_thread: int = 0
+    samples_shared: int = 0  # link+share: untimed, shared in the labelled span's subtree
     samples_by_window: int = 0
     rows_out: int = 0
     orphans_reported: int = 0

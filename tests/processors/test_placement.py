@@ -84,10 +84,34 @@ class TestChildSpans:
             incl[r.span_id] += r.inclusive_cpu_ns
         assert incl == {ROOT: 50 * MS, CHILD: 30 * MS, GRANDCHILD: 20 * MS, SIBLING: 10 * MS}
 
-    def test_untimed_samples_stay_on_their_label(self) -> None:
-        """Without a per-sample instant there is nothing to place by: method link."""
+    def test_untimed_samples_are_shared_by_self_time(self) -> None:
+        """Without a per-sample instant (pprof), a sample labelled with a span that has
+        children is shared in its subtree by self time (root 30 ms of its 100, child 30,
+        grandchild 20, sibling 20): the children's parts as link+share (approximate), the
+        root's own as link; the root's inclusive CPU keeps every sample, the child's
+        has its grandchild's part."""
         out = run_state(tree(), [smp(25, timed=False), smp(75, timed=False)])
-        assert totals(out) == {(ROOT, "link"): 20 * MS}
+        assert totals(out) == {(ROOT, "link"): 6 * MS, (CHILD, "link+share"): 6 * MS,
+                               (GRANDCHILD, "link+share"): 4 * MS,
+                               (SIBLING, "link+share"): 4 * MS}
+        assert totals(out, "inclusive_cpu_ns") == {
+            (ROOT, "link"): 20 * MS, (CHILD, "link+share"): 10 * MS,
+            (GRANDCHILD, "link+share"): 4 * MS, (SIBLING, "link+share"): 4 * MS}
+        assert totals(out, "sample_count") == {(ROOT, "link"): 2}  # 1 sample: not split
+
+    def test_untimed_samples_stay_on_their_label_without_children_to_share(self) -> None:
+        """No child of the service known when the sample arrives (a leaf span, children
+        of other services, or the sample came first): method link, on the label."""
+        other = [span(ROOT, b"", 0, 100), span(CHILD, ROOT, 10, 60, service="db")]
+        for spans, first in ((tree()[:1], True), (other, True), (tree(), False)):
+            out = run_state(spans, [smp(25, timed=False), smp(75, timed=False)], first)
+            assert totals(out) == {(ROOT, "link"): 20 * MS}, spans
+            assert totals(out, "inclusive_cpu_ns") == {(ROOT, "link"): 20 * MS}, spans
+
+    def test_shared_parts_add_up_to_the_sample(self) -> None:
+        """Odd values: the parts (and the root's own rest) add up to each sample exactly."""
+        out = run_state(tree(), [smp(25, timed=False, value=v) for v in (1, 7, 999_999_937)])
+        assert sum(totals(out).values()) == 1 + 7 + 999_999_937
 
     def test_overlapping_children_keep_the_sample_on_the_parent(self) -> None:
         """Two children open at once on an unknown thread (async): ambiguous, so the sample
@@ -203,8 +227,15 @@ class TestSpanOnlyLabels:
         out = run_state(tree(), samples, spans_first)
         got = {(r.trace_id, r.span_id, r.method, r.span_known): r.cpu_ns
                for r in out.attributions if r.cpu_ns}
-        assert got == {(TRACE, ROOT, "link", True): 10 * MS,
-                       (TRACE, GRANDCHILD, "link+time", True): 10 * MS}
+        want = {(TRACE, GRANDCHILD, "link+time", True): 10 * MS}
+        if spans_first:  # the untimed one, its span known with children: shared by self time
+            want |= {(TRACE, ROOT, "link", True): 3 * MS,
+                     (TRACE, CHILD, "link+share", True): 3 * MS,
+                     (TRACE, GRANDCHILD, "link+share", True): 2 * MS,
+                     (TRACE, SIBLING, "link+share", True): 2 * MS}
+        else:  # it came first: it stays on its label
+            want |= {(TRACE, ROOT, "link", True): 10 * MS}
+        assert got == want
 
 
 class TestEbpfShapedProfile:
