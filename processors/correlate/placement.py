@@ -9,8 +9,11 @@
                   thread to the innermost span running on that thread at that instant;
 * ``window``    - an unlabelled timed sample where threads are unknown: shared equally by the
                   innermost spans of the process open at that instant (approximate);
-* ``link+share``- an untimed sample (pprof: Go, Python, Node) labelled with a span that has
-                  children of its service: it cannot be placed by instant, so the labelled
+* ``link+share``- an untimed sample (pprof: Go, Python, Node) labelled with a local root span
+                  that has children of its service, from a service whose samples have
+                  named only local roots so far (root-only span profilers; an OTLP
+                  profiler links every span and is never shared): it cannot be placed by
+                  instant, so the labelled
                   span's subtree shares it by self time (each span's duration less its
                   children's), the children's parts under this method (approximate), the
                   labelled span's own part under ``link``, whose inclusive CPU keeps the
@@ -66,6 +69,7 @@ class Placement:
     slots: dict[tuple[str, int], dict[Key, None]]
     skews: dict[tuple[str, int, str], Skew]
     trace_of: dict[bytes, bytes]
+    labels_children: set[str]  # services whose untimed samples name non-root spans
     stats: Stats
     _orphan_timed: int
     _items: int
@@ -161,8 +165,9 @@ class Placement:
         key = (smp.trace_id, smp.span_id)
         if self._acc_of(key, now) is not None:
             tree = self.trees.get(key[0])
-            shares = tree.shares(key[1]) if tree is not None else []
-            if shares:
+            shares = tree.shares(key[1]) if tree is not None and \
+                smp.service not in self.labels_children else []
+            if shares and self._local_root(tree, key[1]):  # type: ignore[arg-type]
                 self._share(key, shares, smp, leaf, now)
             else:
                 self._credit(key, LINK, smp, smp.value, smp.count, leaf, now)
@@ -204,6 +209,24 @@ class Placement:
         if cpu:
             acc.by[LINK].incl_cpu += smp.value - own_value
             self._lift(key, LINK, smp.value, now)
+
+    def _local_root(self, tree: Tree, span_id: bytes) -> bool:
+        """Whether the span has no parent of its service known (what root-only span
+        profilers label)."""
+        info = tree.spans[span_id]
+        parent = tree.spans.get(info.parent_span_id) if info.parent_span_id else None
+        return parent is None or parent.service != info.service
+
+    def learn_labels(self, smp: Sample) -> None:
+        """An untimed sample labelled with a span below another of its service: its
+        profiler labels every span (OTLP links), not the local root only, so that
+        service's untimed samples are never shared (``link+share``) from now on."""
+        tid = smp.trace_id or self.trace_of.get(smp.span_id, b"")
+        tree = self.trees.get(tid)
+        if tree is None or smp.span_id not in tree.spans:
+            return
+        if not self._local_root(tree, smp.span_id) and len(self.labels_children) < 100_000:
+            self.labels_children.add(smp.service)
 
     def _lift_to(self, key: Key, stop: bytes, value: int, now: float) -> None:
         """``link+share`` CPU of ``key`` into the inclusive CPU of its ancestors below

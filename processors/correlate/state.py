@@ -99,6 +99,7 @@ class CorrelatorState(Placement):
     slots: dict[tuple[str, int], dict[Key, None]] = field(default_factory=dict)
     held: deque[tuple[float, Sample, str]] = field(default_factory=deque)
     skews: dict[tuple[str, int, str], Skew] = field(default_factory=dict)
+    labels_children: set[str] = field(default_factory=set)
     # span id -> trace id of known spans: samples labelled with a span id alone (some
     # Pyroscope SDKs) join their span here rather than waiting as orphans
     trace_of: dict[bytes, bytes] = field(default_factory=dict)
@@ -184,6 +185,9 @@ class CorrelatorState(Placement):
         self._bound(now)
 
     def add_samples(self, batch: ProfileBatch, now: float) -> None:
+        for smp in batch.samples:  # first learn which services label more than roots
+            if smp.span_id and not smp.timed and smp.service not in self.labels_children:
+                self.learn_labels(smp)
         for smp in batch.samples:
             self.stats.samples_in += 1
             if smp.measure != "cpu" and smp.measure != "wall":

@@ -108,6 +108,19 @@ class TestChildSpans:
             assert totals(out) == {(ROOT, "link"): 20 * MS}, spans
             assert totals(out, "inclusive_cpu_ns") == {(ROOT, "link"): 20 * MS}, spans
 
+    def test_no_share_for_a_profiler_that_labels_every_span(self) -> None:
+        """A service whose untimed samples name a span below another of its service (an
+        OTLP profiler's links) labels every span: its root samples stay on the root, in
+        the same batch and after; a sample labelled with a child is never shared either."""
+        out = run_state(tree(), [smp(15, CHILD, timed=False), smp(25, timed=False)])
+        assert totals(out) == {(ROOT, "link"): 10 * MS, (CHILD, "link"): 10 * MS}
+        st = CorrelatorState(grace=1.0)
+        st.add_spans(tree(), 0.0)
+        st.add_samples(ProfileBatch([smp(15, CHILD, timed=False)], STACKS), 0.1)
+        st.add_samples(ProfileBatch([smp(25, timed=False)], STACKS), 0.2)
+        got = totals(st.take_due(now=1000.0, force=True))
+        assert got == {(ROOT, "link"): 10 * MS, (CHILD, "link"): 10 * MS}
+
     def test_shared_parts_add_up_to_the_sample(self) -> None:
         """Odd values: the parts (and the root's own rest) add up to each sample exactly."""
         out = run_state(tree(), [smp(25, timed=False, value=v) for v in (1, 7, 999_999_937)])
