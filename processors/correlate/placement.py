@@ -18,8 +18,8 @@
                   children's), the children's parts under this method (approximate), the
                   labelled span's own part under ``link``, whose inclusive CPU keeps the
                   whole sample (exact: it was taken within that subtree). Shared among the
-                  spans known when the sample arrives; one that comes before its span stays
-                  on its label.
+                  spans known when the sample arrives, or, for samples that came before
+                  their span, when it comes (``_share_adopted``, after its whole batch).
 
 A sample placed in a span is credited to it (self) and to its known ancestors in the same
 service (inclusive CPU); a sample of a span not seen yet waits as an orphan, and one that
@@ -31,7 +31,7 @@ are the state's, declared here for the type checker only.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -228,6 +228,51 @@ class Placement:
         if not self._local_root(tree, smp.span_id) and len(self.labels_children) < 100_000:
             self.labels_children.add(smp.service)
 
+    def _share_adopted(self, key: Key, now: float) -> None:
+        """The untimed samples that came before their span (its ``link`` row so far),
+        shared as ``_share`` would have shared them, by the same weights: per stack and
+        leaf function, so that flame graphs and top functions are split alike."""
+        tree = self.trees.get(key[0])
+        pending = self.spans.get(key)
+        if tree is None or pending is None or pending.info.service in self.labels_children:
+            return
+        m = pending.acc.by.get(LINK)
+        shares = tree.shares(key[1])
+        if m is None or not shares or not self._local_root(tree, key[1]):
+            return
+        parts = [(sid, w) for sid, w in shares[1:]
+                 if self._acc_of((key[0], sid), now) is not None]
+        total = shares[0][1] + sum(w for _, w in parts)
+        if total <= 0 or not parts:
+            return
+        self.stats.samples_shared += m.count
+        cpu0, wall0, count0 = m.cpu_ns, m.wall_ns, m.count  # parts of the whole, not the rest
+        maps0 = [dict(d) for d in (m.self_cpu, m.self_wall, m.stack_cpu, m.stack_wall)]
+        for sid, w in parts:
+            ckey = (key[0], sid)
+            acc = self._acc_of(ckey, now)
+            assert acc is not None
+            before = acc.items()
+            c = acc.m(SHARE)
+            cpu = cpu0 * w // total
+            m.cpu_ns -= cpu
+            c.cpu_ns += cpu
+            c.incl_cpu += cpu
+            wall = wall0 * w // total
+            m.wall_ns -= wall
+            c.wall_ns += wall
+            count = count0 * w // total
+            m.count -= count
+            c.count += count
+            _move(maps0[0], m.self_cpu, c.self_cpu, w, total)
+            _move(maps0[1], m.self_wall, c.self_wall, w, total)
+            _move(maps0[2], m.stack_cpu, c.stack_cpu, w, total)
+            _move(maps0[3], m.stack_wall, c.stack_wall, w, total)
+            self._items += acc.items() - before
+            if cpu:
+                self._lift_to(ckey, key[1], cpu, now)
+        # what is left is the labelled span's own part (its inclusive CPU is unchanged)
+
     def _lift_to(self, key: Key, stop: bytes, value: int, now: float) -> None:
         """``link+share`` CPU of ``key`` into the inclusive CPU of its ancestors below
         ``stop`` (all known: the share was computed over the known subtree of ``stop``)."""
@@ -316,6 +361,17 @@ class Placement:
         if acc is None:
             acc = self.unattributed[ukey] = Acc(now, smp.service)
         add(acc.m(LINK), smp.measure, smp.value, smp.count, None)
+
+
+def _move(whole: dict[Any, int], src: dict[Any, int], dst: dict[Any, int], w: int,
+          total: int) -> None:
+    """Move ``w / total`` of each of ``whole``'s values (rounded down) from ``src`` into
+    ``dst``."""
+    for k, v in whole.items():
+        part = v * w // total
+        if part:
+            src[k] -= part
+            dst[k] = dst.get(k, 0) + part
 
 
 def deepest(tree: Tree, span_id: bytes, info: SpanInfo, t: int, thread: int) -> bytes:

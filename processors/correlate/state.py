@@ -152,6 +152,7 @@ class CorrelatorState(Placement):
     # ---- input -------------------------------------------------------------------------
 
     def add_spans(self, spans: list[Span], now: float) -> None:
+        adopted: list[Key] = []  # spans whose untimed samples came first
         for s in spans:
             key = (s.trace_id, s.span_id)
             self.stats.spans_in += 1
@@ -178,10 +179,14 @@ class CorrelatorState(Placement):
             self.spans[key] = Pending(info, acc, now + self.grace)
             self._know(key, info)
             self._adopt(key, info, acc, now)
+            if orphan is not None and LINK in acc.by:
+                adopted.append(key)
             if orphan is not None and orphan.timed:
                 # placed after grace, once the span's children have come too
                 self.held.extend((now, smp, leaf) for smp, leaf in orphan.timed)
                 self._orphan_timed -= len(orphan.timed)
+        for key in adopted:  # once the whole batch is known: its children came with it
+            self._share_adopted(key, now)
         self._bound(now)
 
     def add_samples(self, batch: ProfileBatch, now: float) -> None:

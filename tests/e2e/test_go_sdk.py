@@ -108,6 +108,26 @@ class TestGoSdk:
             idle_cpu = sum(s["cpu_ns"] for s in idle)
             assert idle_cpu < 0.1 * sum(s["duration_ns"] for s in idle), report
 
+            # root "handle" spans burning CRUNCH_MS / 3 themselves around a child "hash"
+            # burning CRUNCH_MS, all samples labelled with the root: the root's inclusive
+            # CPU is exact, the child gets its share by self time (link+share, approximate:
+            # right as far as the CPU is spread evenly over the root's time)
+            incl = child_cpu = 0
+            for tid, root_id, child_id in ids["nested"]:
+                nested = {s["span_id"]: s for s in
+                          sp.get(f"/api/v1/traces/{tid}?method=all")["spans"]}
+                incl += nested[root_id]["inclusive_cpu_ns"]
+                child_cpu += nested[child_id]["cpu_ns"]
+                assert nested[child_id]["name"] == "hash", nested
+                assert "link+share" in nested[child_id]["method"].split(","), nested
+            measured, measured_child = sum(ids["nested_cpu_ns"]), sum(
+                ids["nested_child_cpu_ns"])
+            print(f"go nested: root inclusive {incl / 1e6:.0f} ms (measured "
+                  f"{measured / 1e6:.0f}), child share {child_cpu / 1e6:.0f} ms (measured "
+                  f"{measured_child / 1e6:.0f})")
+            assert abs(incl - measured) <= 0.10 * measured
+            assert abs(child_cpu - measured_child) <= 0.20 * measured_child
+
             tid, sid = ids["crunch"][-1]
             trace = sp.get(f"/api/v1/traces/{tid}")
             assert [s["span_id"] for s in trace["spans"]] == [sid], trace

@@ -100,10 +100,10 @@ class TestChildSpans:
         assert totals(out, "sample_count") == {(ROOT, "link"): 2}  # 1 sample: not split
 
     def test_untimed_samples_stay_on_their_label_without_children_to_share(self) -> None:
-        """No child of the service known when the sample arrives (a leaf span, children
-        of other services, or the sample came first): method link, on the label."""
+        """No child of the service known (a leaf span, children of other services):
+        method link, on the label."""
         other = [span(ROOT, b"", 0, 100), span(CHILD, ROOT, 10, 60, service="db")]
-        for spans, first in ((tree()[:1], True), (other, True), (tree(), False)):
+        for spans, first in ((tree()[:1], True), (other, True), (other, False)):
             out = run_state(spans, [smp(25, timed=False), smp(75, timed=False)], first)
             assert totals(out) == {(ROOT, "link"): 20 * MS}, spans
             assert totals(out, "inclusive_cpu_ns") == {(ROOT, "link"): 20 * MS}, spans
@@ -120,6 +120,19 @@ class TestChildSpans:
         st.add_samples(ProfileBatch([smp(25, timed=False)], STACKS), 0.2)
         got = totals(st.take_due(now=1000.0, force=True))
         assert got == {(ROOT, "link"): 10 * MS, (CHILD, "link"): 10 * MS}
+
+    def test_samples_before_their_spans_are_shared_when_they_come(self) -> None:
+        """Untimed samples that came before their spans (an upload before the span
+        export) are shared once the spans come, by the same weights, per function and
+        stack too: the same rows as when the spans came first."""
+        samples = [smp(25, timed=False), smp(75, timed=False)]
+        first, later = run_state(tree(), samples), run_state(tree(), samples, False)
+        for field in ("cpu_ns", "inclusive_cpu_ns"):
+            assert totals(later, field) == totals(first, field)
+        assert {(r.span_id, r.method): (r.self_cpu_ns, r.stack_cpu_ns)
+                for r in later.attributions if r.cpu_ns} == {
+            (r.span_id, r.method): (r.self_cpu_ns, r.stack_cpu_ns)
+            for r in first.attributions if r.cpu_ns}
 
     def test_shared_parts_add_up_to_the_sample(self) -> None:
         """Odd values: the parts (and the root's own rest) add up to each sample exactly."""
@@ -246,8 +259,11 @@ class TestSpanOnlyLabels:
                      (TRACE, CHILD, "link+share", True): 3 * MS,
                      (TRACE, GRANDCHILD, "link+share", True): 2 * MS,
                      (TRACE, SIBLING, "link+share", True): 2 * MS}
-        else:  # it came first: it stays on its label
-            want |= {(TRACE, ROOT, "link", True): 10 * MS}
+        else:  # it came first: shared when its spans came (all in one batch here)
+            want |= {(TRACE, ROOT, "link", True): 3 * MS,
+                     (TRACE, CHILD, "link+share", True): 3 * MS,
+                     (TRACE, GRANDCHILD, "link+share", True): 2 * MS,
+                     (TRACE, SIBLING, "link+share", True): 2 * MS}
         assert got == want
 
 

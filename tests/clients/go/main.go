@@ -140,8 +140,8 @@ func run() error {
 	// the profiler on)
 	time.Sleep(300 * time.Millisecond)
 	sink := burnCPUInHashLoop(200)
-	ids := map[string][][]string{"crunch": {}, "idle": {}}
-	cpu := map[string][]int64{"crunch": {}, "idle": {}}
+	ids := map[string][][]string{"crunch": {}, "idle": {}, "nested": {}}
+	cpu := map[string][]int64{"crunch": {}, "idle": {}, "nested": {}, "nested_child": {}}
 	for i := 0; i < iterations; i++ {
 		_, span := tracer.Start(ctx, "crunch")
 		cpu0 := threadCPU()
@@ -156,6 +156,21 @@ func run() error {
 		cpu["idle"] = append(cpu["idle"], int64(threadCPU()-cpu0))
 		span.End()
 		ids["idle"] = append(ids["idle"], spanIDs(span))
+
+		// a root span with a child: otel-profiling-go labels both parts' samples with the
+		// root; the child's share reaches it only through spanprof's link+share
+		rctx, root := tracer.Start(ctx, "handle")
+		cpu0 = threadCPU()
+		sink ^= burnCPUInHashLoop(crunchMS / 3)
+		_, child := tracer.Start(rctx, "hash")
+		cpu1 := threadCPU()
+		sink ^= burnCPUInHashLoop(crunchMS)
+		childCPU := int64(threadCPU() - cpu1)
+		child.End()
+		root.End()
+		cpu["nested_child"] = append(cpu["nested_child"], childCPU)
+		cpu["nested"] = append(cpu["nested"], int64(threadCPU()-cpu0))
+		ids["nested"] = append(ids["nested"], append(spanIDs(root), child.SpanContext().SpanID().String()))
 	}
 
 	if err := sdk.Shutdown(ctx); err != nil { // exports every span still queued
@@ -170,6 +185,8 @@ func run() error {
 	doc, _ := json.Marshal(map[string]interface{}{
 		"crunch": ids["crunch"], "idle": ids["idle"],
 		"crunch_cpu_ns": cpu["crunch"], "idle_cpu_ns": cpu["idle"],
+		"nested": ids["nested"], "nested_cpu_ns": cpu["nested"],
+		"nested_child_cpu_ns": cpu["nested_child"],
 	})
 	fmt.Println(string(doc))
 	fmt.Fprintf(os.Stderr, "checksum %d\n", sink)
