@@ -185,6 +185,10 @@ class CorrelatorState(Placement):
                 # placed after grace, once the span's children have come too
                 self.held.extend((now, smp, leaf) for smp, leaf in orphan.timed)
                 self._orphan_timed -= len(orphan.timed)
+        for key in adopted:  # samples that named a span below another: not root-only
+            tree = self.trees[key[0]]
+            if not self._local_root(tree, key[1]) and len(self.labels_children) < 100_000:
+                self.labels_children.add(tree.spans[key[1]].service)
         for key in adopted:  # once the whole batch is known: its children came with it
             self._share_adopted(key, now)
         self._bound(now)

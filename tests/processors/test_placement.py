@@ -114,6 +114,8 @@ class TestChildSpans:
         the same batch and after; a sample labelled with a child is never shared either."""
         out = run_state(tree(), [smp(15, CHILD, timed=False), smp(25, timed=False)])
         assert totals(out) == {(ROOT, "link"): 10 * MS, (CHILD, "link"): 10 * MS}
+        out = run_state(tree(), [smp(15, CHILD, timed=False), smp(25, timed=False)], False)
+        assert totals(out) == {(ROOT, "link"): 10 * MS, (CHILD, "link"): 10 * MS}
         st = CorrelatorState(grace=1.0)
         st.add_spans(tree(), 0.0)
         st.add_samples(ProfileBatch([smp(15, CHILD, timed=False)], STACKS), 0.1)
