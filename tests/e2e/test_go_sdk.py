@@ -21,7 +21,13 @@ from typing import Any
 import pytest
 
 from tests.conftest import ROOT, SpanprofProcess, clickhouse
-from tests.e2e.test_real_sdks import app_output, check_busy_spans, fmt, settled_spans
+from tests.e2e.test_real_sdks import (
+    app_output,
+    app_spans,
+    check_busy_spans,
+    check_trace_view,
+    refused_requests,
+)
 
 pytestmark = pytest.mark.e2e
 APP = ROOT / "tests" / "clients" / "go"
@@ -86,19 +92,10 @@ class TestGoSdk:
         try:
             service = "go-sdk-app"
             ids = run_app(go_app, sp, service)
-            crunch_ids = {sid for _, sid in ids["crunch"]}
-            idle_ids = {sid for _, sid in ids["idle"]}
-            by_id = settled_spans(sp, service, crunch_ids | idle_ids)
-            crunch = [by_id[sid] for _, sid in ids["crunch"]]
-            idle = [by_id[sid] for _, sid in ids["idle"]]
-            report = f"crunch:\n{fmt(crunch)}\nidle:\n{fmt(idle)}"
-            # no request refused (the receivers log each: pyroscope_request_refused, ...)
-            refused = [line for line in sp.logs().splitlines() if "_refused" in line]
+            # root spans of the service, in their traces
+            crunch, idle, by_id, report = app_spans(sp, service, ids)
+            refused = refused_requests(sp)  # no request refused
             assert refused == [], refused[:5]
-
-            for tid, sid in ids["crunch"] + ids["idle"]:
-                s = by_id[sid]
-                assert s["trace_id"] == tid and s["service"] == service, report
 
             # each crunch span burns CRUNCH_MS of its thread's CPU time (however long that
             # takes on a busy machine); the runtime's profiler samples each thread every
@@ -128,10 +125,7 @@ class TestGoSdk:
             assert abs(incl - measured) <= 0.10 * measured
             assert abs(child_cpu - measured_child) <= 0.20 * measured_child
 
-            tid, sid = ids["crunch"][-1]
-            trace = sp.get(f"/api/v1/traces/{tid}")
-            assert [s["span_id"] for s in trace["spans"]] == [sid], trace
-            assert trace["spans"][0]["cpu_ns"] == by_id[sid]["cpu_ns"], trace
+            check_trace_view(sp, ids, by_id)
             assert sp.stop() == 0
         finally:
             if sp.proc is not None and sp.proc.poll() is None:

@@ -98,6 +98,40 @@ def settled_spans(sp: SpanprofProcess, service: str, want: set[str],
     return got
 
 
+def app_spans(sp: SpanprofProcess, service: str, out: dict[str, list[Any]]
+              ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, dict[str, Any]],
+                         str]:
+    """A client program's ``crunch`` and ``idle`` spans (``app_output``) as the admin API
+    has them once settled, in the program's order, each checked to be a root span of
+    ``service`` under the trace the program exported it in; with every span by id and a
+    report for failed assertions."""
+    by_id = settled_spans(sp, service, {sid for _, sid in out["crunch"] + out["idle"]})
+    crunch = [by_id[sid] for _, sid in out["crunch"]]
+    idle = [by_id[sid] for _, sid in out["idle"]]
+    report = f"crunch:\n{fmt(crunch)}\nidle:\n{fmt(idle)}\napp: {out}"
+    for tid, sid in out["crunch"] + out["idle"]:
+        s = by_id[sid]
+        assert s["trace_id"] == tid and s["service"] == service, report
+        assert s["parent_span_id"] == "", report
+    return crunch, idle, by_id, report
+
+
+def refused_requests(sp: SpanprofProcess) -> list[str]:
+    """spanprof's log lines about refused requests (the receivers log each:
+    ``pyroscope_request_refused``, ...)."""
+    return [line for line in sp.logs().splitlines() if "_refused" in line]
+
+
+def check_trace_view(sp: SpanprofProcess, out: dict[str, list[Any]],
+                     by_id: dict[str, dict[str, Any]]) -> None:
+    """The trace view of the last crunch span: that span alone, with the CPU the span list
+    gives it."""
+    tid, sid = out["crunch"][-1]
+    trace = sp.get(f"/api/v1/traces/{tid}")
+    assert [s["span_id"] for s in trace["spans"]] == [sid], trace
+    assert trace["spans"][0]["cpu_ns"] == by_id[sid]["cpu_ns"], trace
+
+
 def fmt(spans: list[dict[str, Any]]) -> str:
     return "\n".join(
         f"  {s['name']} {s['span_id']} duration {s['duration_ns'] / 1e6:.0f}ms cpu "
@@ -157,17 +191,7 @@ class TestRealSdks:
         try:
             service = f"sdk-app-{protocol}"
             out = run_app(sp, protocol, service)
-            crunch_ids = {sid for _, sid in out["crunch"]}
-            idle_ids = {sid for _, sid in out["idle"]}
-            by_id = settled_spans(sp, service, crunch_ids | idle_ids)
-            crunch = [by_id[sid] for _, sid in out["crunch"]]
-            idle = [by_id[sid] for _, sid in out["idle"]]
-            report = f"crunch:\n{fmt(crunch)}\nidle:\n{fmt(idle)}\napp: {out}"
-
-            for (tid, sid) in out["crunch"] + out["idle"]:
-                s = by_id[sid]
-                assert s["trace_id"] == tid and s["service"] == service, report
-                assert s["parent_span_id"] == "", report
+            crunch, idle, by_id, report = app_spans(sp, service, out)
             assert {s["name"] for s in crunch} == {"crunch"}, report
             assert {s["name"] for s in idle} == {"idle"}, report
 
@@ -187,11 +211,7 @@ class TestRealSdks:
             assert all(f["name"] != HEAVY or f["self_ns"] <= 20_000_000
                        for s in idle for f in s["top_functions"]), report
 
-            # the trace view says the same for a crunch span
-            tid, sid = out["crunch"][-1]
-            trace = sp.get(f"/api/v1/traces/{tid}")
-            assert [s["span_id"] for s in trace["spans"]] == [sid], trace
-            assert trace["spans"][0]["cpu_ns"] == by_id[sid]["cpu_ns"], trace
+            check_trace_view(sp, out, by_id)  # the trace view says the same
             assert sp.stop() == 0
         finally:
             if sp.proc is not None and sp.proc.poll() is None:
@@ -276,19 +296,9 @@ class TestNodeSdk:
         try:
             service = "node-sdk-app"
             out = run_node_app(node_modules, sp, service)
-            crunch_ids = {sid for _, sid in out["crunch"]}
-            idle_ids = {sid for _, sid in out["idle"]}
-            by_id = settled_spans(sp, service, crunch_ids | idle_ids)
-            crunch = [by_id[sid] for _, sid in out["crunch"]]
-            idle = [by_id[sid] for _, sid in out["idle"]]
-            report = f"crunch:\n{fmt(crunch)}\nidle:\n{fmt(idle)}\napp: {out}"
-            refused = [line for line in sp.logs().splitlines() if "_refused" in line]
+            crunch, idle, _, report = app_spans(sp, service, out)
+            refused = refused_requests(sp)
             assert refused == [], refused[:5]
-
-            for tid, sid in out["crunch"] + out["idle"]:
-                s = by_id[sid]
-                assert s["trace_id"] == tid and s["service"] == service, report
-                assert s["parent_span_id"] == "", report
 
             check_busy_spans("node", crunch, out["crunch_cpu_ns"], NODE_HEAVY, report,
                              function=node_function)

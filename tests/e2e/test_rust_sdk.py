@@ -27,7 +27,13 @@ from typing import Any
 import pytest
 
 from tests.conftest import ROOT, SpanprofProcess
-from tests.e2e.test_real_sdks import app_output, check_busy_spans, fmt, settled_spans
+from tests.e2e.test_real_sdks import (
+    app_output,
+    app_spans,
+    check_busy_spans,
+    check_trace_view,
+    refused_requests,
+)
 
 pytestmark = pytest.mark.e2e
 APP = ROOT / "tests" / "clients" / "rust"
@@ -89,19 +95,9 @@ class TestRustSdk:
         try:
             service = "rust-sdk-app"
             out = run_app(rust_app, sp, service)
-            crunch_ids = {sid for _, sid in out["crunch"]}
-            idle_ids = {sid for _, sid in out["idle"]}
-            by_id = settled_spans(sp, service, crunch_ids | idle_ids)
-            crunch = [by_id[sid] for _, sid in out["crunch"]]
-            idle = [by_id[sid] for _, sid in out["idle"]]
-            report = f"crunch:\n{fmt(crunch)}\nidle:\n{fmt(idle)}\napp: {out}"
-            refused = [line for line in sp.logs().splitlines() if "_refused" in line]
+            crunch, idle, by_id, report = app_spans(sp, service, out)
+            refused = refused_requests(sp)
             assert refused == [], refused[:5]
-
-            for tid, sid in out["crunch"] + out["idle"]:
-                s = by_id[sid]
-                assert s["trace_id"] == tid and s["service"] == service, report
-                assert s["parent_span_id"] == "", report
 
             # the backend's timer is the process's CPU clock (ITIMER_PROF, 100 Hz): a
             # sample every 10 ms of CPU the process used, in whichever thread used it
@@ -110,10 +106,7 @@ class TestRustSdk:
             idle_cpu = sum(s["cpu_ns"] for s in idle)
             assert idle_cpu < 0.1 * sum(s["duration_ns"] for s in idle), report
 
-            tid, sid = out["crunch"][-1]
-            trace = sp.get(f"/api/v1/traces/{tid}")
-            assert [s["span_id"] for s in trace["spans"]] == [sid], trace
-            assert trace["spans"][0]["cpu_ns"] == by_id[sid]["cpu_ns"], trace
+            check_trace_view(sp, out, by_id)
             assert sp.stop() == 0
         finally:
             if sp.proc is not None and sp.proc.poll() is None:
