@@ -45,6 +45,7 @@ from processors.correlate.accumulators import (
     WINDOW,
     Acc,
     Key,
+    M,
     add,
 )
 from processors.correlate.sizes import METHOD_ITEMS
@@ -164,11 +165,9 @@ class Placement:
         smp = self._resolve(smp)
         key = (smp.trace_id, smp.span_id)
         if self._acc_of(key, now) is not None:
-            tree = self.trees.get(key[0])
-            shares = tree.shares(key[1]) if tree is not None and \
-                smp.service not in self.labels_children else []
-            if shares and self._local_root(tree, key[1]):  # type: ignore[arg-type]
-                self._share(key, shares, smp, leaf, now)
+            parts, total = self._parts(key, smp.service, now)
+            if parts:
+                self._share(key, parts, total, smp, leaf, now)
             else:
                 self._credit(key, LINK, smp, smp.value, smp.count, leaf, now)
             return
@@ -178,36 +177,38 @@ class Placement:
         self._items += orphan.acc.add(LINK, smp.measure, smp.value, smp.count, leaf,
                                       smp.stack_id)
 
-    def _share(self, key: Key, shares: list[tuple[bytes, int]], smp: Sample, leaf: str,
-               now: float) -> None:
-        """An untimed sample labelled ``key`` shared in its subtree (``Tree.shares``): see
-        ``link+share`` in the module docstring."""
-        parts = [(sid, w) for sid, w in shares
-                 if sid == key[1] or self._acc_of((key[0], sid), now) is not None]
-        total = sum(w for _, w in parts)
-        if total <= 0:
-            self._credit(key, LINK, smp, smp.value, smp.count, leaf, now)
-            return
+    def _parts(self, key: Key, service: str, now: float
+               ) -> tuple[list[tuple[bytes, int]], int]:
+        """How untimed samples labelled ``key`` are shared (``link+share``): the known
+        descendants that take a part, with their weights, and the weights' total (the
+        labelled span's own included); none where they stay on the label."""
+        tree = self.trees.get(key[0])
+        if tree is None or service in self.labels_children:
+            return [], 0
+        shares = tree.shares(key[1])
+        if not shares or not self._local_root(tree, key[1]):
+            return [], 0
+        parts = [(sid, w) for sid, w in shares[1:]
+                 if self._acc_of((key[0], sid), now) is not None]
+        total = shares[0][1] + sum(w for _, w in parts)
+        return (parts, total) if parts and total > 0 else ([], 0)
+
+    def _share(self, key: Key, parts: list[tuple[bytes, int]], total: int, smp: Sample,
+               leaf: str, now: float) -> None:
+        """An untimed sample labelled ``key`` shared in its subtree (see ``link+share`` in
+        the module docstring)."""
         self.stats.samples_shared += 1
-        own_value, own_count = smp.value, smp.count
-        cpu = smp.measure == "cpu"
-        for sid, w in parts[1:]:  # parts[0] is the labelled span itself
-            value, count = smp.value * w // total, smp.count * w // total
-            if not value and not count:
-                continue
-            own_value -= value
-            own_count -= count
-            ckey = (key[0], sid)
-            acc = self._acc_of(ckey, now)
-            assert acc is not None
-            self._items += acc.add(SHARE, smp.measure, value, count, leaf, smp.stack_id)
-            if cpu:  # up to the labelled span, whose inclusive CPU has the whole sample
-                self._lift_to(ckey, key[1], value, now)
+        m = M()
+        add(m, smp.measure, smp.value, smp.count, leaf, smp.stack_id)
+        self._split(key, m, parts, total, now)
         acc = self._acc_of(key, now)
         assert acc is not None
-        self._items += acc.add(LINK, smp.measure, own_value, own_count, leaf, smp.stack_id)
-        if cpu:
-            acc.by[LINK].incl_cpu += smp.value - own_value
+        before = acc.items()
+        rest = Acc(now)
+        rest.by[LINK] = m  # the labelled span's own part, and the whole inclusive CPU
+        acc.merge(rest)
+        self._items += acc.items() - before
+        if smp.measure == "cpu":
             self._lift(key, LINK, smp.value, now)
 
     def _local_root(self, tree: Tree, span_id: bytes) -> bool:
@@ -230,38 +231,38 @@ class Placement:
 
     def _share_adopted(self, key: Key, now: float) -> None:
         """The untimed samples that came before their span (its ``link`` row so far),
-        shared as ``_share`` would have shared them, by the same weights: per stack and
-        leaf function, so that flame graphs and top functions are split alike."""
-        tree = self.trees.get(key[0])
+        shared as ``_share`` would have shared them, by the same weights."""
         pending = self.spans.get(key)
-        if tree is None or pending is None or pending.info.service in self.labels_children:
+        m = pending.acc.by.get(LINK) if pending is not None else None
+        if pending is None or m is None:
             return
-        m = pending.acc.by.get(LINK)
-        shares = tree.shares(key[1])
-        if m is None or not shares or not self._local_root(tree, key[1]):
-            return
-        parts = [(sid, w) for sid, w in shares[1:]
-                 if self._acc_of((key[0], sid), now) is not None]
-        total = shares[0][1] + sum(w for _, w in parts)
-        if total <= 0 or not parts:
-            return
-        self.stats.samples_shared += m.count
+        parts, total = self._parts(key, pending.info.service, now)
+        if parts:
+            self.stats.samples_shared += m.count
+            self._split(key, m, parts, total, now)
+
+    def _split(self, key: Key, m: M, parts: list[tuple[bytes, int]], total: int,
+               now: float) -> None:
+        """Move each descendant's part (``w / total``, rounded down) of the ``link`` data
+        ``m`` of ``key`` into that descendant's ``link+share`` row, per function and stack
+        too, its CPU up to the labelled span; what stays in ``m`` is the labelled span's
+        own part (its inclusive CPU, the whole, is unchanged)."""
         cpu0, wall0, count0 = m.cpu_ns, m.wall_ns, m.count  # parts of the whole, not the rest
         maps0 = [dict(d) for d in (m.self_cpu, m.self_wall, m.stack_cpu, m.stack_wall)]
         for sid, w in parts:
+            cpu, wall, count = cpu0 * w // total, wall0 * w // total, count0 * w // total
+            if not (cpu or wall or count):
+                continue
             ckey = (key[0], sid)
             acc = self._acc_of(ckey, now)
             assert acc is not None
             before = acc.items()
             c = acc.m(SHARE)
-            cpu = cpu0 * w // total
             m.cpu_ns -= cpu
             c.cpu_ns += cpu
             c.incl_cpu += cpu
-            wall = wall0 * w // total
             m.wall_ns -= wall
             c.wall_ns += wall
-            count = count0 * w // total
             m.count -= count
             c.count += count
             _move(maps0[0], m.self_cpu, c.self_cpu, w, total)
@@ -271,7 +272,6 @@ class Placement:
             self._items += acc.items() - before
             if cpu:
                 self._lift_to(ckey, key[1], cpu, now)
-        # what is left is the labelled span's own part (its inclusive CPU is unchanged)
 
     def _lift_to(self, key: Key, stop: bytes, value: int, now: float) -> None:
         """``link+share`` CPU of ``key`` into the inclusive CPU of its ancestors below
