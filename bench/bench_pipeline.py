@@ -32,14 +32,17 @@ TRACE = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 PROFILES = "/opentelemetry.proto.collector.profiles.v1development.ProfilesService/Export"
 
 
-def trace_requests(n_spans: int, per_req: int) -> tuple[list[bytes], list[tuple[bytes, bytes]]]:
+def trace_requests(n_spans: int, per_req: int
+                   ) -> tuple[list[bytes], list[tuple[bytes, bytes, str]]]:
+    """Requests of ``per_req`` spans, each request one service of five; the keys (trace,
+    span, service) of every span, in order."""
     reqs, keys = [], []
     now = time.time_ns()
     for r in range(0, n_spans, per_req):
         req = tps.ExportTraceServiceRequest()
         rs = req.resource_spans.add()
         kv = rs.resource.attributes.add(key="service.name")
-        kv.value.string_value = f"svc{r % 5}"
+        service = kv.value.string_value = f"svc{r // per_req % 5}"
         ss = rs.scope_spans.add()
         for i in range(r, min(r + per_req, n_spans)):
             tid, sid = os.urandom(16), os.urandom(8)
@@ -47,12 +50,12 @@ def trace_requests(n_spans: int, per_req: int) -> tuple[list[bytes], list[tuple[
                              start_time_unix_nano=now, end_time_unix_nano=now + 20_000_000)
             a = s.attributes.add(key="http.route")
             a.value.string_value = f"/api/v1/items/{i % 50}"
-            keys.append((tid, sid))
+            keys.append((tid, sid, service))
         reqs.append(req.SerializeToString())
     return reqs, keys
 
 
-def profile_requests(keys: list[tuple[bytes, bytes]], n_samples: int, per_req: int
+def profile_requests(keys: list[tuple[bytes, bytes, str]], n_samples: int, per_req: int
                      ) -> list[bytes]:
     reqs = []
     frames = [[f"fn{j}", f"mid{j % 10}", "handler", "main"] for j in range(200)]
@@ -60,9 +63,9 @@ def profile_requests(keys: list[tuple[bytes, bytes]], n_samples: int, per_req: i
         b = ProfileBuilder()
         for i in range(r, min(r + per_req, n_samples)):
             # a span's samples come together (a profiler's upload covers the span's
-            # whole duration), every span has some
-            tid, sid = keys[i * len(keys) // n_samples]
-            b.sample(frames[i % len(frames)], 10_000_000, tid, sid, service=f"svc{i % 5}")
+            # whole duration), every span has some, from the span's service
+            tid, sid, service = keys[i * len(keys) // n_samples]
+            b.sample(frames[i % len(frames)], 10_000_000, tid, sid, service=service)
         reqs.append(b.build().SerializeToString())
     return reqs
 

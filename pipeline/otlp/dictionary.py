@@ -76,8 +76,8 @@ class Dictionary:
         self.records = 0  # sample records made from this request so far
         self.value_total = 0  # and their values added up
         self._where_by_indices: dict[tuple[int, ...], Where] = {}
-        self._stack_by_index: dict[int, int] = {}
-        self._link_by_index: dict[int, tuple[bytes, bytes]] = {}
+        self.stack_cache: dict[int, int] = {}
+        self.link_cache: dict[int, tuple[bytes, bytes]] = {}
         self._loc_by_index: dict[int, Frames] = {}
         self._fn_by_index: dict[int, tuple[str, str]] = {}
         self._checked_attrs: set[int] = set()
@@ -197,7 +197,7 @@ class Dictionary:
         return got
 
     def stack(self, i: int) -> int:
-        sid = self._stack_by_index.get(i)
+        sid = self.stack_cache.get(i)
         if sid is not None:
             return sid
         if not 0 <= i < len(self.stacks_tbl):
@@ -207,12 +207,12 @@ class Dictionary:
         what = f"stack_table[{i}]"
         self.table.check_depth(len(indices), what)
         locs = [self._location(li, f"{what} ") for li in indices]
-        sid = self._stack_by_index[i] = self.table.stack(locs, what)
+        sid = self.stack_cache[i] = self.table.stack(locs, what)
         return sid
 
     def link(self, i: int) -> tuple[bytes, bytes]:
         """(trace_id, span_id) or (b"", b"") for no link; index 0 is the no-link entry."""
-        got = self._link_by_index.get(i)
+        got = self.link_cache.get(i)
         if got is not None:
             return got
         if not 0 <= i < len(self.links):
@@ -234,5 +234,5 @@ class Dictionary:
             got = (b"", sid)
         else:
             got = (tid, sid)
-        self._link_by_index[i] = got
+        self.link_cache[i] = got
         return got

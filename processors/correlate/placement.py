@@ -161,21 +161,38 @@ class Placement:
             self._items += METHOD_ITEMS * (len(acc.by) - methods)
             self._lift(key, method, value, now)
 
-    def _add_linked(self, smp: Sample, leaf: str, now: float) -> None:
-        smp = self._resolve(smp)
-        key = (smp.trace_id, smp.span_id)
-        if self._acc_of(key, now) is not None:
-            parts, total = self._parts(key, smp.service, now)
-            if parts:
-                self._share(key, parts, total, smp, leaf, now)
-            else:
-                self._credit(key, LINK, smp, smp.value, smp.count, leaf, now)
+    def _add_linked(self, key: Key, service: str, group: list[tuple[Sample, str]],
+                    now: float) -> None:
+        """Untimed samples of one batch labelled ``key`` (resolved) by ``service``, with
+        their leaf functions: credited to the span together (one lookup, one share of the
+        subtree, one lift of their CPU), or kept as its orphan until it comes."""
+        acc = self._acc_of(key, now)
+        if acc is None:
+            orphan = self.orphans.get(key)
+            if orphan is None:
+                orphan = self.orphans[key] = Orphan(Acc(now, service))
+            oacc = orphan.acc
+            self._items += sum(oacc.add(LINK, smp.measure, smp.value, smp.count, leaf,
+                                        smp.stack_id) for smp, leaf in group)
             return
-        orphan = self.orphans.get(key)
-        if orphan is None:
-            orphan = self.orphans[key] = Orphan(Acc(now, smp.service))
-        self._items += orphan.acc.add(LINK, smp.measure, smp.value, smp.count, leaf,
-                                      smp.stack_id)
+        cpu = [smp.value for smp, _ in group if smp.measure == "cpu"]
+        parts, total = self._parts(key, service, now)
+        if parts:
+            self.stats.samples_shared += len(group)
+            m = M()
+            for smp, leaf in group:
+                add(m, smp.measure, smp.value, smp.count, leaf, smp.stack_id)
+            self._split(key, m, parts, total, now)
+            before = acc.items()
+            rest = Acc(now)
+            rest.by[LINK] = m  # the labelled span's own part, and the whole inclusive CPU
+            acc.merge(rest)
+            self._items += acc.items() - before
+        else:
+            self._items += sum(acc.add(LINK, smp.measure, smp.value, smp.count, leaf,
+                                       smp.stack_id) for smp, leaf in group)
+        if cpu:
+            self._lift(key, LINK, sum(cpu), now)
 
     def _parts(self, key: Key, service: str, now: float
                ) -> tuple[list[tuple[bytes, int]], int]:
@@ -192,24 +209,6 @@ class Placement:
                  if self._acc_of((key[0], sid), now) is not None]
         total = shares[0][1] + sum(w for _, w in parts)
         return (parts, total) if parts and total > 0 else ([], 0)
-
-    def _share(self, key: Key, parts: list[tuple[bytes, int]], total: int, smp: Sample,
-               leaf: str, now: float) -> None:
-        """An untimed sample labelled ``key`` shared in its subtree (see ``link+share`` in
-        the module docstring)."""
-        self.stats.samples_shared += 1
-        m = M()
-        add(m, smp.measure, smp.value, smp.count, leaf, smp.stack_id)
-        self._split(key, m, parts, total, now)
-        acc = self._acc_of(key, now)
-        assert acc is not None
-        before = acc.items()
-        rest = Acc(now)
-        rest.by[LINK] = m  # the labelled span's own part, and the whole inclusive CPU
-        acc.merge(rest)
-        self._items += acc.items() - before
-        if smp.measure == "cpu":
-            self._lift(key, LINK, smp.value, now)
 
     def _local_root(self, tree: Tree, span_id: bytes) -> bool:
         """Whether the span has no parent of its service known (what root-only span

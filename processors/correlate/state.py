@@ -197,21 +197,33 @@ class CorrelatorState(Placement):
         for smp in batch.samples:  # first learn which services label more than roots
             if smp.span_id and not smp.timed and smp.service not in self.labels_children:
                 self.learn_labels(smp)
+        stats = self.stats
+        stats.samples_in += len(batch.samples)
+        # untimed labelled samples per (resolved) span and service, credited together
+        linked: dict[tuple[bytes, bytes, str], list[tuple[Sample, str]]] = {}
+        trace_of = self.trace_of
         for smp in batch.samples:
-            self.stats.samples_in += 1
             if smp.measure != "cpu" and smp.measure != "wall":
                 continue  # off_cpu/other measures are stored raw, not attributed
             if smp.span_id:
-                self.stats.samples_linked += 1
+                stats.samples_linked += 1
             else:
-                self.stats.samples_unlinked += 1
+                stats.samples_unlinked += 1
             leaf = leaf_of(batch, smp)
             if smp.timed:
                 self.held.append((now, smp, leaf))  # placed once its spans are known
             elif smp.span_id:
-                self._add_linked(smp, leaf, now)
+                gkey = (smp.trace_id or trace_of.get(smp.span_id, b""), smp.span_id,
+                        smp.service)
+                group = linked.get(gkey)
+                if group is None:
+                    linked[gkey] = [(smp, leaf)]
+                else:
+                    group.append((smp, leaf))
             else:
                 self._unattributed(smp, now)
+        for (tid, sid, service), group in linked.items():
+            self._add_linked((tid, sid), service, group, now)
         self._bound(now)
 
     # ---- known spans -------------------------------------------------------------------

@@ -63,6 +63,11 @@ def _request_ids(runs: list[tuple[int, int]], n: int) -> list[object]:
     return out if len(out) == n else [0] * n  # runs that do not add up are not trusted
 
 
+def _columns(names: list[str], rows: list[tuple[object, ...]]) -> Columns:
+    """Rows (tuples in ``names``' order) -> columns."""
+    return {name: list(col) for name, col in zip(names, zip(*rows, strict=True), strict=True)}
+
+
 def _kind(k: int) -> str:
     return SPAN_KINDS[k] if 0 <= k < len(SPAN_KINDS) else "Unspecified"
 
@@ -154,30 +159,33 @@ def attributions(batch: AttributionBatch) -> dict[str, Columns]:
             "sample_count": [a.sample_count for a in rows],
             "inclusive_cpu_ns": [a.inclusive_cpu_ns for a in rows],
         }
-        fn: Columns = {c: [] for c in FUNCTIONS_COLUMNS}
-        sk: Columns = {c: [] for c in SPAN_STACKS_COLUMNS}
+        fn: list[tuple[object, ...]] = []
+        sk: list[tuple[object, ...]] = []
         for a in rows:
-            names = a.self_cpu_ns.keys() | a.self_wall_ns.keys()
-            stacks = a.stack_cpu_ns.keys() | a.stack_wall_ns.keys()
-            if not names and not stacks:
+            sc, sw, kc, kw = a.self_cpu_ns, a.self_wall_ns, a.stack_cpu_ns, a.stack_wall_ns
+            if not (sc or sw or kc or kw):
                 continue
-            tid, sid = a.trace_id.hex(), a.span_id.hex()
+            tid, sid, method, source = a.trace_id.hex(), a.span_id.hex(), a.method, a.source
+            svc, op = a.service, a.name
             minute = a.start_ns // 1_000_000_000 // 60 * 60
-            where = (a.service, a.name, minute, int(a.span_known))
-            for name in names:
-                for c, v in zip(FUNCTIONS_COLUMNS, (
-                        tid, sid, a.method, name, a.source, a.self_cpu_ns.get(name, 0),
-                        a.self_wall_ns.get(name, 0), *where), strict=True):
-                    fn[c].append(v)
-            for st in stacks:
-                for c, v in zip(SPAN_STACKS_COLUMNS, (
-                        tid, sid, a.method, st, a.source, *where, a.stack_cpu_ns.get(st, 0),
-                        a.stack_wall_ns.get(st, 0)), strict=True):
-                    sk[c].append(v)
-        if fn["trace_id"]:
-            out["span_functions"] = fn
-        if sk["trace_id"]:
-            out["span_stacks"] = sk
+            known = int(a.span_known)
+            # one row per function / stack, its CPU and wall time (most spans have only one)
+            if not sw:
+                fn.extend((tid, sid, method, name, source, v, 0, svc, op, minute, known)
+                          for name, v in sc.items())
+            else:
+                fn.extend((tid, sid, method, name, source, sc.get(name, 0), sw.get(name, 0),
+                           svc, op, minute, known) for name in sc.keys() | sw.keys())
+            if not kw:
+                sk.extend((tid, sid, method, st, source, svc, op, minute, known, v, 0)
+                          for st, v in kc.items())
+            else:
+                sk.extend((tid, sid, method, st, source, svc, op, minute, known,
+                           kc.get(st, 0), kw.get(st, 0)) for st in kc.keys() | kw.keys())
+        if fn:
+            out["span_functions"] = _columns(FUNCTIONS_COLUMNS, fn)
+        if sk:
+            out["span_stacks"] = _columns(SPAN_STACKS_COLUMNS, sk)
     if batch.unattributed:
         u = batch.unattributed
         out["unattributed_cpu"] = {
