@@ -46,13 +46,13 @@ from collections import Counter
 from typing import Any, Literal
 
 import msgspec
-from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from pipeline.config import NonNegDuration, PositiveInt
 from pipeline.errors import ConfigError, InvalidData, Retryable
-from pipeline.kafka import PARTITIONERS, ClientConfig, PartitionerName, partitioner
+from pipeline.kafka import PARTITIONERS, ClientConfig, PartitionerName
+from pipeline.kafka.backend import Producer, ProducerOptions, Producers, aiokafka_producer
 from pipeline.otlp.split import halve_profiles, halve_traces, split_profiles, split_traces
 from pipeline.otlp.wire import split_trace_bytes
 from pipeline.records import Batch, ProfileBatch, SpanBatch
@@ -81,11 +81,16 @@ _OVERHEAD = 512
 
 
 class KafkaExporter:
-    def __init__(self, cfg: Config, ctx: Context) -> None:
+    """``producers`` builds the Kafka client (``pipeline.kafka.backend``): aiokafka's by
+    default, ``memory.MemoryBroker.producer`` in unit tests."""
+
+    def __init__(self, cfg: Config, ctx: Context,
+                 producers: Producers = aiokafka_producer) -> None:
         self.cfg = cfg
         self.ctx = ctx
         self.log = ctx.log
-        self.producer: AIOKafkaProducer | None = None
+        self.producers = producers
+        self.producer: Producer | None = None
         self.metrics: Counter[str] = Counter()
         self._stopped = False
         self._closing: set[asyncio.Task[None]] = set()
@@ -93,15 +98,14 @@ class KafkaExporter:
     def __repr__(self) -> str:
         return f"<KafkaExporter {self.ctx.id} {self.cfg.brokers} {dict(self.metrics)}>"
 
-    def _new_producer(self) -> AIOKafkaProducer:
+    def _new_producer(self) -> Producer:
         p = self.cfg.producer
-        return AIOKafkaProducer(
-            bootstrap_servers=self.cfg.brokers, client_id=self.cfg.client_id, acks="all",
-            enable_idempotence=True,
-            compression_type=None if p.compression == "none" else p.compression,
-            max_request_size=p.max_message_bytes, linger_ms=int(p.linger * 1000),
-            request_timeout_ms=int(self.cfg.timeout * 1000),
-            partitioner=partitioner(self.cfg.partitioner))
+        return self.producers(ProducerOptions(
+            brokers=list(self.cfg.brokers), client_id=self.cfg.client_id,
+            partitioner=self.cfg.partitioner,
+            compression=None if p.compression == "none" else p.compression,
+            max_message_bytes=p.max_message_bytes, linger=float(p.linger),
+            timeout=float(self.cfg.timeout)))
 
     @property
     def _partition_fn(self) -> Any:
@@ -214,7 +218,7 @@ class KafkaExporter:
             self._closing.add(task)
             task.add_done_callback(self._closing.discard)
 
-    async def _close_quietly(self, producer: AIOKafkaProducer) -> None:
+    async def _close_quietly(self, producer: Producer) -> None:
         try:
             await asyncio.wait_for(producer.stop(), timeout=float(self.cfg.timeout))
         except (KafkaError, TimeoutError):

@@ -45,16 +45,22 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from typing import Any, Literal
+from collections.abc import Collection
+from typing import Literal
 
-from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from aiokafka.errors import KafkaError
 
 from pipeline.component import raise_worst
 from pipeline.config import Duration, NonNegDuration, PositiveInt
 from pipeline.errors import ConfigError, InvalidData, Retryable
 from pipeline.kafka import ClientConfig
+from pipeline.kafka.backend import (
+    Consumer,
+    ConsumerOptions,
+    Consumers,
+    TopicPartition,
+    aiokafka_consumer,
+)
 from pipeline.kafka.blocks import Block, Entry, PartitionBlocks, decode_plan, encode_plan
 from pipeline.receivers.kafka_batches import merge_block, to_entry, waves
 from pipeline.registry import Context, Factory
@@ -87,25 +93,30 @@ class Config(ClientConfig, forbid_unknown_fields=True):
             raise ConfigError("block_items: must be at least 1")
 
 
-class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
+class _Rebalance:
     """Partitions taken away: their plans and held messages are the next owner's now."""
 
     def __init__(self, receiver: KafkaReceiver) -> None:
         self.receiver = receiver
 
-    async def on_partitions_revoked(self, revoked: Any) -> None:
+    async def on_partitions_revoked(self, revoked: Collection[TopicPartition]) -> None:
         self.receiver._forget(revoked)
 
-    async def on_partitions_assigned(self, assigned: Any) -> None:
+    async def on_partitions_assigned(self, assigned: Collection[TopicPartition]) -> None:
         self.receiver._forget(assigned)  # read afresh from the committed plan
 
 
 class KafkaReceiver:
-    def __init__(self, cfg: Config, ctx: Context) -> None:
+    """``consumers`` builds the Kafka client (``pipeline.kafka.backend``): aiokafka's by
+    default, ``memory.MemoryBroker.consumer`` in unit tests."""
+
+    def __init__(self, cfg: Config, ctx: Context,
+                 consumers: Consumers = aiokafka_consumer) -> None:
         self.cfg = cfg
         self.ctx = ctx
         self.log = ctx.log
-        self.consumer: AIOKafkaConsumer | None = None
+        self.consumers = consumers
+        self.consumer: Consumer | None = None
         self.metrics: Counter[str] = Counter()
         self._task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
@@ -127,15 +138,13 @@ class KafkaReceiver:
         return f"<KafkaReceiver {self.ctx.id} group={self.cfg.group_id} {dict(self.metrics)}>"
 
     async def start(self) -> None:
-        self.consumer = AIOKafkaConsumer(
-            bootstrap_servers=self.cfg.brokers, client_id=self.cfg.client_id,
-            group_id=self.cfg.group_id, enable_auto_commit=False,
-            auto_offset_reset=self.cfg.initial_offset,
-            partition_assignment_strategy=(RangePartitionAssignor,),
+        self.consumer = self.consumers(ConsumerOptions(
+            brokers=list(self.cfg.brokers), client_id=self.cfg.client_id,
+            group_id=self.cfg.group_id, initial_offset=self.cfg.initial_offset,
             max_poll_records=self.cfg.max_poll_records,
-            session_timeout_ms=int(self.cfg.session_timeout * 1000),
-            heartbeat_interval_ms=int(self.cfg.heartbeat_interval * 1000),
-            request_timeout_ms=int(self.cfg.timeout * 1000) + 30_000)
+            session_timeout=float(self.cfg.session_timeout),
+            heartbeat_interval=float(self.cfg.heartbeat_interval),
+            timeout=float(self.cfg.timeout)))
         self.consumer.subscribe(list(self.topics), listener=_Rebalance(self))
         try:
             await self.consumer.start()
@@ -156,10 +165,10 @@ class KafkaReceiver:
     async def _partitions(self, topic: str) -> set[int]:
         assert self.consumer is not None
         for _ in range(50):
-            parts = self.consumer.partitions_for_topic(topic)
+            parts = self.consumer.partitions(topic)
             if parts:
-                return set(parts)
-            await self.consumer._client.force_metadata_update()
+                return parts
+            await self.consumer.refresh_metadata()
             await asyncio.sleep(0.1)
         raise ConfigError(f"receivers.{self.ctx.id}: topic {topic!r} does not exist")
 
@@ -170,12 +179,11 @@ class KafkaReceiver:
         new = [tp for tp in tps if tp not in self._parts]
         if not new:
             return
-        # aiokafka's public committed() drops the metadata; its coordinator returns both
-        committed = await self.consumer._coordinator.fetch_committed_offsets(new)
+        committed = await self.consumer.committed(new)
         for tp in new:
             part = PartitionBlocks(tp.topic, tp.partition, self.cfg.block_items)
-            om = committed.get(tp)
-            part.plan.extend(decode_plan(om.metadata if om is not None else None))
+            _, metadata = committed.get(tp, (-1, None))
+            part.plan.extend(decode_plan(metadata))
             if part.plan:
                 self.log.info("kafka_plan_resumed", topic=tp.topic, partition=tp.partition,
                               ranges=len(part.plan), first=part.plan[0][0])
@@ -229,7 +237,7 @@ class KafkaReceiver:
         self.failed = f"receivers.{self.ctx.id}: the Kafka poll loop stopped: {err!r}"
         self.log.error("kafka_poll_failed", error=repr(err))
 
-    def _forget(self, tps: Any) -> None:
+    def _forget(self, tps: Collection[TopicPartition]) -> None:
         for tp in tps:
             self._parts.pop(tp, None)
             self._waiting_since.pop(tp, None)
