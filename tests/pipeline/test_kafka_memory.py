@@ -1,8 +1,11 @@
-"""The in-memory broker (``pipeline.kafka.memory``), and against the real one.
+"""The Kafka exporter and receiver on the in-memory broker (``pipeline.kafka.memory``), and
+the in-memory broker itself against the real one.
 
-``TestFakeMatchesKafka`` runs the same script of consumer calls on both, the semantics the
-receiver relies on: its ``real`` case needs the real broker (``tests/kafka_broker.py``),
-``-k "not real"`` leaves it out.
+The behaviours ``test_kafka.py`` proves on the real broker, here in a fraction of a second
+each and with failures the real broker cannot be made to produce on cue (an acknowledgement
+lost, a commit refused once). ``TestFakeMatchesKafka`` runs the same script of consumer
+calls on both, the semantics the receiver relies on: its ``real`` case needs the real
+broker (``tests/kafka_broker.py``), ``-k "not real"`` leaves it out.
 """
 
 from __future__ import annotations
@@ -20,8 +23,13 @@ from aiokafka.errors import (
     KafkaTimeoutError,
     OffsetMetadataTooLargeError,
 )
+from opentelemetry.proto.collector.profiles.v1development import profiles_service_pb2 as pps
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as tps
 
-from pipeline.kafka import PARTITIONERS
+from pipeline.errors import ConfigError, Retryable
+from pipeline.exporters.kafka import Config as ExporterConfig
+from pipeline.exporters.kafka import KafkaExporter, ProducerConfig
+from pipeline.kafka import PARTITIONERS, PartitionerName
 from pipeline.kafka.backend import (
     Consumer,
     ConsumerOptions,
@@ -30,6 +38,392 @@ from pipeline.kafka.backend import (
     aiokafka_consumer,
 )
 from pipeline.kafka.memory import MemoryBroker, timed_out, unreachable
+from pipeline.kafka.memory_consumer import MemoryConsumer
+from pipeline.otlp.builder import ProfileBuilder
+from pipeline.otlp.profiles import decode_profiles
+from pipeline.otlp.traces import decode_traces
+from pipeline.receivers.kafka import Config as ReceiverConfig
+from pipeline.receivers.kafka import KafkaReceiver
+from pipeline.records import Batch, ProfileBatch, SpanBatch
+from pipeline.registry import Context
+from tests.pipeline.receivers.test_otlp_grpc import TID, span_request
+
+PARTITIONS = 6
+SPANS, PROFILES = "otlp_spans", "otlp_profiles"
+
+
+@pytest.fixture
+def broker() -> MemoryBroker:
+    b = MemoryBroker()
+    b.create_topic(SPANS, PARTITIONS)
+    b.create_topic(PROFILES, PARTITIONS)
+    return b
+
+
+def _exporter(broker: MemoryBroker, **kw: Any) -> KafkaExporter:
+    cfg = ExporterConfig(**{"timeout": 1.0, **kw})
+    cfg.validate()
+    return KafkaExporter(cfg, Context("kafka", ["traces", "profiles"]),
+                         producers=broker.producer)
+
+
+def _sample_request(sids: list[bytes], trace_id: bytes = TID) -> bytes:
+    b = ProfileBuilder()
+    for sid in sids:
+        b.sample(["f"], 10, trace_id, sid, service="s")
+    return bytes(b.build().SerializeToString())
+
+
+def _spans(value: bytes | None) -> list[Any]:
+    assert value is not None
+    return [s for rs in tps.ExportTraceServiceRequest.FromString(value).resource_spans
+            for ss in rs.scope_spans for s in ss.spans]
+
+
+class TestExporter:
+    @pytest.mark.parametrize("name", [None, "murmur2"])
+    async def test_messages_per_partition_keyed_and_copartitioned(
+            self, broker: MemoryBroker, name: PartitionerName | None) -> None:
+        """One message per partition per request, keyed by one of its traces, on the
+        configured partitioner's partition (unset: sarama_compat's); a trace's samples go
+        where its spans went; unlinked samples go unkeyed."""
+        ex = _exporter(broker, **({"partitioner": name} if name else {}))
+        part = PARTITIONERS[name or "sarama_compat"]
+        await ex.start()
+        tids = [bytes([i + 1]) * 16 for i in range(8)]
+        req = tps.ExportTraceServiceRequest()
+        for t in tids:
+            req.MergeFrom(span_request([bytes([7]) * 8, bytes([8]) * 8], trace_id=t))
+        await ex.consume(decode_traces(req).batch)
+        b = ProfileBuilder()
+        for t in tids:
+            b.sample(["f"], 10, t, bytes([7]) * 8, service="svc")
+        b.sample(["unlinked"], 10, service="svc")
+        await ex.consume(decode_profiles(b.build()).batch)
+        await ex.shutdown()
+
+        n_parts = len({part(t.hex().encode(), PARTITIONS) for t in tids})
+        assert 1 < n_parts < len(tids)
+        assert ex.metrics["sent_messages"] == 2 * n_parts + 1
+        span_part: dict[bytes, int] = {}
+        for rec in broker.records(SPANS):
+            got = [bytes(s.trace_id).hex() for s in _spans(rec.value)]
+            assert rec.key is not None and rec.key.decode() in got
+            assert rec.partition == part(rec.key, PARTITIONS)
+            assert {part(t.encode(), PARTITIONS) for t in got} == {rec.partition}
+            assert len(got) == 2 * len(set(got))  # both spans of each trace
+            span_part.update((bytes.fromhex(t), rec.partition) for t in got)
+        assert len(span_part) == len(tids)
+        samples = broker.records(PROFILES)
+        assert len(samples) == n_parts + 1
+        for rec in samples:
+            assert rec.value is not None
+            d = decode_profiles(pps.ExportProfilesServiceRequest.FromString(rec.value))
+            if rec.key is None:
+                assert [s.trace_id for s in d.batch.samples] == [b""]
+            else:
+                assert {span_part[s.trace_id] for s in d.batch.samples} == {rec.partition}
+        assert repr(broker.producers[0]).startswith("<MemoryProducer stopped sent=")
+
+    async def test_big_trace_is_split_under_max_message_bytes(
+            self, broker: MemoryBroker) -> None:
+        """A trace over max_message_bytes becomes several messages with one key, each of
+        which the producer accepts (the fake refuses what aiokafka would)."""
+        ex = _exporter(broker, producer=ProducerConfig(max_message_bytes=4096))
+        await ex.start()
+        await ex.consume(decode_traces(span_request(
+            [i.to_bytes(8, "big") for i in range(1, 301)])).batch)
+        await ex.shutdown()
+        recs = broker.records(SPANS)
+        assert ex.metrics["split_messages"] > 0 and len(recs) == ex.metrics["sent_messages"]
+        assert sorted(s.span_id for r in recs for s in _spans(r.value)) == \
+            sorted(i.to_bytes(8, "big") for i in range(1, 301))
+        assert all(len(r.value or b"") <= 4096 for r in recs) and len({r.key for r in recs}) == 1
+
+    @pytest.mark.parametrize("error", [unreachable(), timed_out()],
+                             ids=["connection", "timeout"])
+    async def test_a_failed_send_is_retryable_and_replaces_the_producer(
+            self, broker: MemoryBroker, error: Exception) -> None:
+        """Kafka not acknowledging a message is Retryable, never a success; the producer is
+        replaced (its idempotence sequence has a gap now) and the next batch goes out."""
+        ex = _exporter(broker)
+        await ex.start()
+        broker.fail(error, ops=["ack"], times=1)
+        batch = decode_traces(span_request([b"\x01" * 8])).batch
+        with pytest.raises(Retryable, match=f"Kafka did not acknowledge the write: "
+                                            f"{type(error).__name__}"):
+            await ex.consume(batch)
+        assert ex.metrics["producer_resets"] == 1 and ex.metrics["send_failed_messages"] == 1
+        assert broker.records(SPANS) == []
+        await ex.consume(batch)
+        await ex.shutdown()
+        assert [p.state for p in broker.producers] == ["stopped", "stopped"]
+        assert [p.sent for p in broker.producers] == [0, 1]
+
+    async def test_no_answer_times_out_as_retryable(self, broker: MemoryBroker) -> None:
+        """A broker that takes the message and never answers: Retryable after ``timeout``."""
+        ex = _exporter(broker, timeout=0.2)
+        await ex.start()
+        broker.fail(None, ops=["ack"])
+        with pytest.raises(Retryable, match="TimeoutError"):
+            await ex.consume(decode_traces(span_request([b"\x01" * 8])).batch)
+        await ex.shutdown()
+
+    async def test_kafka_down_at_start_comes_up_then_refuses_until_back(
+            self, broker: MemoryBroker) -> None:
+        """Kafka unreachable at start: the exporter starts anyway (a gateway must come up
+        and answer UNAVAILABLE); its first batch is Retryable, the one after the producer
+        was replaced goes out."""
+        ex = _exporter(broker, timeout=0.2)
+        broker.fail(unreachable(), ops=["start"], times=1)
+        await ex.start()
+        batch = decode_traces(span_request([b"\x01" * 8])).batch
+        with pytest.raises(Retryable):
+            await ex.consume(batch)
+        await ex.consume(batch)
+        await ex.shutdown()
+        assert [p.sent for p in broker.producers] == [0, 1]
+
+
+class Recorder:
+    """A downstream consumer that refuses its first ``failures`` batches."""
+
+    def __init__(self, failures: int = 0) -> None:
+        self.failures = failures
+        self.batches: list[Batch] = []
+
+    async def consume(self, batch: Batch) -> None:
+        if self.failures:
+            self.failures -= 1
+            raise Retryable("sink down")
+        self.batches.append(batch)
+
+
+def _receiver(broker: MemoryBroker, sink: Recorder, group: str = "g",
+              **kw: Any) -> KafkaReceiver:
+    cfg = ReceiverConfig(group_id=group, **kw)
+    cfg.validate()
+    return KafkaReceiver(cfg, Context("kafka", ["traces", "profiles"],
+                                      next={"traces": sink, "profiles": sink}),
+                         consumers=broker.consumer)
+
+
+async def _committed(r: KafkaReceiver, n: int, within: float = 10.0) -> None:
+    async with asyncio.timeout(within):
+        while r.metrics["committed_messages"] < n:
+            await asyncio.sleep(0.01)
+
+
+class TestReceiver:
+    async def test_garbage_skipped_offsets_committed(self, broker: MemoryBroker) -> None:
+        """Messages of any producer are read, a garbage message is skipped and counted,
+        and the committed offsets cover it, with no plan left in their metadata."""
+        broker.append(SPANS, span_request([b"\x01" * 8]).SerializeToString())
+        broker.append(SPANS, b"\xff\xff not protobuf")
+        broker.append(PROFILES, _sample_request([b"\x03" * 8], b"\x02" * 16))
+        sink = Recorder()
+        r = _receiver(broker, sink)
+        await r.start()
+        await _committed(r, 3)
+        await r.shutdown()
+        assert r.metrics["malformed_messages"] == 1
+        assert sorted(b.signal for b in sink.batches) == ["profiles", "traces"]
+        assert broker.committed("g", TopicPartition(SPANS, 0)) == (2, "")
+        assert broker.committed("g", TopicPartition(PROFILES, 0)) == (1, "")
+
+    async def test_refusing_sink_pauses_then_delivers_once(self, broker: MemoryBroker) -> None:
+        """While downstream refuses, the partition is paused and rewound; once it accepts,
+        every message is delivered once, as the same block (same origin), and nothing
+        stays paused."""
+        for i in range(5):
+            broker.append(SPANS, span_request([(i + 1).to_bytes(8, "big")])
+                          .SerializeToString(), partition=1)
+        sink = Recorder(failures=2)
+        r = _receiver(broker, sink)
+        await r.start()
+        await _committed(r, 5)
+        consumer = r.consumer
+        await r.shutdown()
+        assert [len(b.parts) for b in sink.batches] == [5]  # type: ignore[union-attr]
+        assert sink.failures == 0 and r.metrics["accepted_spans"] == 5
+        assert broker.committed("g", TopicPartition(SPANS, 1)) == (5, "")
+        assert isinstance(consumer, MemoryConsumer)
+        calls = consumer.calls
+        assert calls["pause"] >= 2 and calls["seek"] >= 2 and calls["resume"] >= 2
+        assert "paused=[]" in repr(consumer)
+
+    async def test_blocks_planned_before_a_crash_are_rebuilt_the_same(
+            self, broker: MemoryBroker) -> None:
+        """A worker plans its blocks in the commit metadata, hands them on and dies before
+        committing. The next worker of the group, reading one message per fetch with more
+        messages arrived, delivers the same blocks (same tokens) first, then new ones."""
+        def send(ids: range) -> None:
+            for i in ids:
+                broker.append(SPANS, span_request([(i + 1).to_bytes(8, "big")])
+                              .SerializeToString(), partition=2)
+
+        send(range(0, 8))
+        hang = asyncio.Event()
+
+        class Dies(Recorder):
+            async def consume(self, batch: Batch) -> None:
+                self.batches.append(batch)
+                if sum(len(b) for b in self.batches) == 8:
+                    await hang.wait()  # dies here, its rows already written
+
+        first = Dies()
+        a = _receiver(broker, first, block_items=3)
+        await a.start()
+        async with asyncio.timeout(10):
+            while sum(len(b) for b in first.batches) < 8:
+                await asyncio.sleep(0.01)
+        tp = TopicPartition(SPANS, 2)
+        assert broker.committed("g", tp) == (0, "spb1:0-2,3-5,6-7")
+        assert a._task is not None and a.consumer is not None
+        a._task.cancel()
+        await a.consumer.stop()
+        send(range(8, 12))
+
+        second = Recorder()
+        b = _receiver(broker, second, block_items=3, max_poll_records=1)
+        await b.start()
+        await _committed(b, 12)
+        await b.shutdown()
+        before = [x.origin for x in first.batches]
+        after = [x.origin for x in second.batches]
+        assert len(before) == 3 and after[:3] == before
+        assert [len(x) for x in second.batches] == [3, 3, 2, 1, 1, 1, 1]
+        assert broker.committed("g", tp) == (12, "")
+
+    async def test_a_refused_plan_commit_rewinds_and_delivers_once(
+            self, broker: MemoryBroker) -> None:
+        """Kafka refusing the plan's commit: nothing is delivered unplanned; the round is
+        read again and delivered once."""
+        for i in range(3):
+            broker.append(SPANS, span_request([(i + 1).to_bytes(8, "big")])
+                          .SerializeToString(), partition=3)
+        broker.fail(unreachable(), ops=["commit"], times=1)
+        sink = Recorder()
+        r = _receiver(broker, sink)
+        await r.start()
+        await _committed(r, 3)
+        await r.shutdown()
+        assert [len(b) for b in sink.batches] == [3]
+
+    @pytest.mark.parametrize("refusals", [0, 2])
+    async def test_on_a_backlog_samples_wait_for_their_spans(
+            self, broker: MemoryBroker, refusals: int) -> None:
+        """A backlog with the samples written before their spans, read one message per
+        fetch: every sample goes after its span, none is lost; also when the first span
+        deliveries are refused (the spans are read again, the samples wait again)."""
+        n = 12
+        ids = [(i + 1).to_bytes(8, "big") for i in range(n)]
+        for sid in ids:
+            broker.append(PROFILES, _sample_request([sid]), partition=4)
+        for sid in ids:
+            broker.append(SPANS, span_request([sid]).SerializeToString(), partition=4)
+        sink = Ordered(refusals)
+        r = _receiver(broker, sink, max_poll_records=1)
+        await r.start()
+        await _committed(r, 2 * n)
+        await r.shutdown()
+        assert sink.early == []
+        assert r.metrics["accepted_samples"] == n and r.metrics["accepted_spans"] == n
+
+    async def test_samples_go_on_as_their_spans_pass_them(self, broker: MemoryBroker) -> None:
+        """On a backlog a minute long, samples are let through as the spans sent on pass
+        their Kafka timestamp by ``spans_ahead``, not all at the end."""
+        n = 6
+        ids = [(i + 1).to_bytes(8, "big") for i in range(n)]
+        for i, sid in enumerate(ids):
+            broker.append(PROFILES, _sample_request([sid]), partition=0,
+                          timestamp_ms=1_000_000 + 10_000 * i)
+        for i, sid in enumerate(ids):
+            broker.append(SPANS, span_request([sid]).SerializeToString(), partition=0,
+                          timestamp_ms=1_000_000 + 10_000 * i)
+        sink = Ordered(0)
+        r = _receiver(broker, sink, max_poll_records=1)
+        await r.start()
+        await _committed(r, 2 * n)
+        await r.shutdown()
+        assert sink.early == []
+        order = ["s" if isinstance(b, SpanBatch) else "p" for b in sink.batches]
+        assert order.index("p") < order.index("s", n - 1), order
+
+    async def test_samples_of_a_partition_without_spans_are_not_held(
+            self, broker: MemoryBroker) -> None:
+        """An empty spans partition is caught up: its samples are not held."""
+        broker.append(PROFILES, _sample_request([b"\x09" * 8]), partition=5)
+        sink = Recorder()
+        r = _receiver(broker, sink)
+        await r.start()
+        await _committed(r, 1)
+        await r.shutdown()
+        assert [b.signal for b in sink.batches] == ["profiles"]
+
+    async def test_topics_with_different_partition_counts_refused_at_start(self) -> None:
+        """Spans and samples of a trace can only meet on co-partitioned topics."""
+        broker = MemoryBroker()
+        broker.create_topic(SPANS, 6)
+        broker.create_topic(PROFILES, 3)
+        r = _receiver(broker, Recorder())
+        with pytest.raises(ConfigError, match=r"receivers\.kafka: topics must have the same "
+                                              r"number of partitions.*'otlp_profiles': 3"):
+            await r.start()
+        assert broker.members == {}
+
+    async def test_a_dead_poll_loop_is_reported(self, broker: MemoryBroker) -> None:
+        """An unexpected error ends the poll loop: ``failed`` says so (/health: 503)."""
+        r = _receiver(broker, Recorder())
+        await r.start()
+        broker.fail(RuntimeError("boom"), ops=["fetch"])
+        async with asyncio.timeout(5):
+            while r.failed is None:
+                await asyncio.sleep(0.01)
+        assert "the Kafka poll loop stopped" in r.failed and "boom" in r.failed
+        await r.shutdown()
+
+    async def test_exporter_to_receiver(self, broker: MemoryBroker) -> None:
+        """What the exporter writes the receiver reads back, spans before samples."""
+        ex = _exporter(broker)
+        await ex.start()
+        tids = [bytes([i + 1]) * 16 for i in range(10)]
+        req = tps.ExportTraceServiceRequest()
+        for t in tids:
+            req.MergeFrom(span_request([t[:8]], trace_id=t))
+        b = ProfileBuilder()
+        for t in tids:
+            b.sample(["f"], 10, t, t[:8], service="s")
+        await ex.consume(decode_profiles(b.build()).batch)  # samples first: they wait
+        await ex.consume(decode_traces(req).batch)
+        await ex.shutdown()
+        sink = Ordered(0)
+        r = _receiver(broker, sink)
+        await r.start()
+        await _committed(r, ex.metrics["sent_messages"])
+        await r.shutdown()
+        assert sink.early == [] and len(sink.seen) == 10
+        assert r.metrics["accepted_samples"] == 10
+
+
+class Ordered(Recorder):
+    """Records samples delivered before their span (``early``)."""
+
+    def __init__(self, refusals: int) -> None:
+        super().__init__()
+        self.seen: set[bytes] = set()
+        self.early: list[bytes] = []
+        self.refuse = refusals
+
+    async def consume(self, batch: Batch) -> None:
+        if isinstance(batch, SpanBatch):
+            if self.refuse:
+                self.refuse -= 1
+                raise Retryable("not now")
+            self.seen |= {s.span_id for s in batch.spans}
+        elif isinstance(batch, ProfileBatch):
+            self.early += [s.span_id for s in batch.samples if s.span_id not in self.seen]
+        await super().consume(batch)
 
 
 @dataclass
@@ -203,6 +597,7 @@ class TestFake:
             await second.start()
         await c.stop()
         await second.start()
+        assert repr(b) == "<MemoryBroker topics={'t': [1]} groups=[] faults=0>"
 
     async def test_producer_partitions_and_faults(self) -> None:
         """The producer picks the configured partitioner's partition; faults raise the
