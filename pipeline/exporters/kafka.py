@@ -53,6 +53,7 @@ from pipeline.config import NonNegDuration, PositiveInt
 from pipeline.errors import ConfigError, InvalidData, Retryable
 from pipeline.kafka import PARTITIONERS, ClientConfig, PartitionerName
 from pipeline.kafka.backend import Producer, ProducerOptions, Producers, aiokafka_producer
+from pipeline.otlp.builder import encode_profiles
 from pipeline.otlp.split import halve_profiles, halve_traces, split_profiles, split_traces
 from pipeline.otlp.wire import split_trace_bytes
 from pipeline.records import Batch, ProfileBatch, SpanBatch
@@ -136,8 +137,6 @@ class KafkaExporter:
         sources = batch.sources
         if not sources and len(batch):
             # records that did not arrive as OTLP (Pyroscope, pprof): encode them
-            from pipeline.otlp.builder import encode_profiles
-
             if not isinstance(batch, ProfileBatch):
                 raise TypeError("span batches always carry their OTLP request")
             sources = [(encode_profiles(batch), [])]
