@@ -58,6 +58,10 @@ if TYPE_CHECKING:
     from processors.correlate.state import Stats
 
 
+# services learnt to label every span (``learn_labels``): a bound, as on every table held
+MAX_LEARNT_SERVICES = 100_000
+
+
 class Placement:
     """Placing samples in known spans: a part of ``CorrelatorState`` (see the module)."""
 
@@ -74,6 +78,11 @@ class Placement:
     stats: Stats
     _orphan_timed: int
     _items: int
+
+    def _key(self, smp: Sample) -> Key:
+        """The span a labelled sample names: a span-only label of a known span with its
+        trace (``b""`` for the trace where it is not known)."""
+        return (smp.trace_id or self.trace_of.get(smp.span_id, b""), smp.span_id)
 
     def _resolve(self, smp: Sample) -> Sample:
         """A span-only sample of a known span, given its trace."""
@@ -217,20 +226,20 @@ class Placement:
         parent = tree.spans.get(info.parent_span_id) if info.parent_span_id else None
         return parent is None or parent.service != info.service
 
-    def learn_labels(self, smp: Sample) -> None:
-        """An untimed sample labelled with a span below another of its service: its
-        profiler labels every span (OTLP links), not the local root only, so that
-        service's untimed samples are never shared (``link+share``) from now on."""
-        tid = smp.trace_id or self.trace_of.get(smp.span_id, b"")
-        tree = self.trees.get(tid)
-        if tree is None or smp.span_id not in tree.spans:
+    def learn_labels(self, key: Key, service: str) -> None:
+        """Untimed samples of ``service`` labelled with ``key``, a span below another of its
+        service: that profiler labels every span (OTLP links), not the local root only, so
+        that service's untimed samples are never shared (``link+share``) from now on."""
+        tree = self.trees.get(key[0])
+        if tree is None or key[1] not in tree.spans:
             return
-        if not self._local_root(tree, smp.span_id) and len(self.labels_children) < 100_000:
-            self.labels_children.add(smp.service)
+        if not self._local_root(tree, key[1]) and \
+                len(self.labels_children) < MAX_LEARNT_SERVICES:
+            self.labels_children.add(service)
 
     def _share_adopted(self, key: Key, now: float) -> None:
         """The untimed samples that came before their span (its ``link`` row so far),
-        shared as ``_share`` would have shared them, by the same weights."""
+        shared as ``_add_linked`` shares a batch's samples, by the same weights."""
         pending = self.spans.get(key)
         m = pending.acc.by.get(LINK) if pending is not None else None
         if pending is None or m is None:

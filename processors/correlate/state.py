@@ -186,9 +186,7 @@ class CorrelatorState(Placement):
                 self.held.extend((now, smp, leaf) for smp, leaf in orphan.timed)
                 self._orphan_timed -= len(orphan.timed)
         for key in adopted:  # samples that named a span below another: not root-only
-            tree = self.trees[key[0]]
-            if not self._local_root(tree, key[1]) and len(self.labels_children) < 100_000:
-                self.labels_children.add(tree.spans[key[1]].service)
+            self.learn_labels(key, self.trees[key[0]].spans[key[1]].service)
         for key in adopted:  # once the whole batch is known: its children came with it
             self._share_adopted(key, now)
         self._bound(now)
@@ -196,12 +194,11 @@ class CorrelatorState(Placement):
     def add_samples(self, batch: ProfileBatch, now: float) -> None:
         for smp in batch.samples:  # first learn which services label more than roots
             if smp.span_id and not smp.timed and smp.service not in self.labels_children:
-                self.learn_labels(smp)
+                self.learn_labels(self._key(smp), smp.service)
         stats = self.stats
         stats.samples_in += len(batch.samples)
         # untimed labelled samples per (resolved) span and service, credited together
         linked: dict[tuple[bytes, bytes, str], list[tuple[Sample, str]]] = {}
-        trace_of = self.trace_of
         for smp in batch.samples:
             if smp.measure != "cpu" and smp.measure != "wall":
                 continue  # off_cpu/other measures are stored raw, not attributed
@@ -213,8 +210,7 @@ class CorrelatorState(Placement):
             if smp.timed:
                 self.held.append((now, smp, leaf))  # placed once its spans are known
             elif smp.span_id:
-                gkey = (smp.trace_id or trace_of.get(smp.span_id, b""), smp.span_id,
-                        smp.service)
+                gkey = (*self._key(smp), smp.service)
                 group = linked.get(gkey)
                 if group is None:
                     linked[gkey] = [(smp, leaf)]
@@ -271,8 +267,7 @@ class CorrelatorState(Placement):
         # first learn the clock skew from the labelled ones, then place them all
         for smp, _ in due:
             if smp.span_id:
-                info = self._info((smp.trace_id or self.trace_of.get(smp.span_id, b""),
-                                   smp.span_id))
+                info = self._info(self._key(smp))
                 if info is not None and info.duration_ns:
                     pkey = (smp.service, smp.pid, smp.host)
                     sk = self.skews.get(pkey)
