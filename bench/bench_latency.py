@@ -60,6 +60,18 @@ def metric(admin: str, name: str) -> int:
     return int(m.group(1)) if m else 0
 
 
+def loop_lag(admin: str) -> tuple[int, int, float]:
+    """The pipeline's event-loop lag: rounds measured, rounds late by over 50 ms, worst."""
+    with urllib.request.urlopen(admin + "/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    got = {k: float(v) for k, v in (line.rsplit(" ", 1) for line in text.splitlines()
+                                    if line.startswith("spanprof_event_loop_lag"))}
+    name = "spanprof_event_loop_lag_seconds"
+    count = int(got.get(f"{name}_count", 0))
+    return (count, count - int(got.get(f'{name}_bucket{{le="0.05"}}', 0)),
+            got.get("spanprof_event_loop_lag_max_seconds", 0.0))
+
+
 def paced(target: str, method: str, reqs: list[bytes], per_s: float, out: list[float],
           failures: list[str]) -> None:
     """Send ``reqs`` at ``per_s`` requests per second (each in its own thread, as
@@ -160,6 +172,7 @@ def main() -> None:
                 t.join()
             entries = metric(admin, "spanprof_connector_state_entries")
             state_bytes = metric(admin, "spanprof_connector_state_bytes")
+            lag_rounds, lag_late, lag_max = loop_lag(admin)
             rss_end = rss_kib(proc.pid)
             done.set()
         finally:
@@ -178,6 +191,8 @@ def main() -> None:
               f"p99 {pct(xs, 99) * 1000:7.1f} ms  max {max(xs, default=0) * 1000:7.1f} ms")
     if failures:
         print(f"  refused or failed: {len(failures)} ({sorted(set(failures))})")
+    print(f"  event loop: {lag_late} of {lag_rounds} rounds late by over 50 ms, "
+          f"worst {lag_max * 1000:.0f} ms")
     print(f"  RSS: start {rss0 / 1024:.0f} MiB, peak {peak[0] / 1024:.0f} MiB, "
           f"end {rss_end / 1024:.0f} MiB")
     print("  ClickHouse inserts, per table: inserts, rows, ms, ms/insert")

@@ -18,6 +18,7 @@ from pipeline.admin.server import AdminServer
 from pipeline.component import Factories
 from pipeline.config import Config
 from pipeline.graph import Graph, build
+from pipeline.looplag import LoopLag
 from pipeline.receivers.http import ServerLimits
 
 
@@ -27,8 +28,10 @@ class Service:
         self.cfg = cfg
         self.graph: Graph = build(cfg, factories)
         admin = cfg.service.admin
+        self.loop_lag = LoopLag()
         self.admin = AdminServer(admin.endpoint, self.graph, admin.query_exporter,
-                                 limits=ServerLimits.of(admin)) if admin.enabled else None
+                                 limits=ServerLimits.of(admin),
+                                 loop_lag=self.loop_lag) if admin.enabled else None
         self.log = structlog.get_logger().bind(component="service")
         self._stop = asyncio.Event()
 
@@ -37,6 +40,7 @@ class Service:
 
     async def start(self) -> None:
         await self.graph.start()
+        self.loop_lag.start()
         if self.admin is not None:
             try:
                 await self.admin.start()
@@ -48,6 +52,7 @@ class Service:
         if self.admin is not None:
             self.admin.stopping = True
         self.log.info("service_stopping")
+        await self.loop_lag.stop()
         await self.graph.shutdown()
         if self.admin is not None:
             await self.admin.shutdown()

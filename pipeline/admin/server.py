@@ -36,6 +36,7 @@ from aiohttp import web
 from pipeline.admin import queries
 from pipeline.graph import Graph
 from pipeline.log import redact
+from pipeline.looplag import LoopLag
 from pipeline.receivers.http import ServerLimits, serve
 
 MAX_LIMIT = 10_000
@@ -53,8 +54,9 @@ def _error(status: int, message: str) -> web.Response:
 
 class AdminServer:
     def __init__(self, endpoint: str, graph: Graph, query_exporter: str = "",
-                 limits: ServerLimits | None = None) -> None:
+                 limits: ServerLimits | None = None, loop_lag: LoopLag | None = None) -> None:
         self.endpoint = endpoint
+        self.loop_lag = loop_lag
         self.limits = limits or ServerLimits()
         self.guard_metrics: Counter[str] = Counter()  # the listener's guards
         self.graph = graph
@@ -117,6 +119,8 @@ class AdminServer:
                     lines.append(f'spanprof_{kind}_state_{gauge}{{{kind}="{cid}"}} {held}')
         for name, value in sorted(self.guard_metrics.items()):  # this listener's own
             lines.append(f"spanprof_admin_{name}_total {value}")
+        if self.loop_lag is not None:
+            lines.extend(self.loop_lag.prometheus())
         return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 
     def _db(self) -> Any:

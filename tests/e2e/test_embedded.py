@@ -190,8 +190,10 @@ class TestEmbeddedPipeline:
         assert "stack_index 999 out of range" in resp.partial_success.error_message
         # the good sample waits in the correlator for its span: the gauges say so
         with urllib.request.urlopen(spanprof.admin + "/metrics", timeout=10) as got:
-            held = dict(line.rsplit(" ", 1) for line in got.read().decode().splitlines()
-                        if "_state_" in line)
+            text = got.read().decode()
+        held = dict(line.rsplit(" ", 1) for line in text.splitlines() if "_state_" in line)
+        # the service's own event-loop lag histogram is exported beside the components'
+        assert 'spanprof_event_loop_lag_seconds_bucket{le="+Inf"}' in text
         assert held['spanprof_connector_state_entries{connector="spancorrelator"}'] == "1"
         assert int(held['spanprof_connector_state_bytes{connector="spancorrelator"}']) > 500
         traces_raw = channel.unary_unary(
