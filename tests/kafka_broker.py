@@ -16,6 +16,8 @@ import time
 import uuid
 from pathlib import Path
 
+from tests.cachelock import cache_lock
+
 ROOT = Path(__file__).resolve().parent.parent
 POM = ROOT / "tests" / "kafka" / "pom.xml"
 KAFKA_VERSION = "4.4.0"
@@ -33,6 +35,11 @@ def _free_port() -> int:
 
 def kafka_libs() -> Path:
     """The broker's jars, fetched once with Maven."""
+    with cache_lock("kafka"):
+        return _kafka_libs()
+
+
+def _kafka_libs() -> Path:
     cache = Path(os.environ.get("SPANPROF_CACHE", Path.home() / ".cache" / "spanprof"))
     libs = cache / f"kafka-{KAFKA_VERSION}" / "libs"
     if (libs / f"kafka_2.13-{KAFKA_VERSION}.jar").exists():

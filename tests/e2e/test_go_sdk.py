@@ -29,7 +29,8 @@ from tests.e2e.test_real_sdks import (
     refused_requests,
 )
 
-pytestmark = pytest.mark.e2e
+# the real clients measure their own CPU and wall time: alone, not beside other tests
+pytestmark = [pytest.mark.e2e, pytest.mark.serial]
 APP = ROOT / "tests" / "clients" / "go"
 HEAVY = "main.burnCPUInHashLoop"  # the busy function, as Go names it in the profile
 ITERATIONS = 6

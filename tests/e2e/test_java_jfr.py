@@ -21,7 +21,8 @@ from pipeline.pyroscope import pprof
 from pipeline.pyroscope.ingest import decode_ingest
 from tests.conftest import SpanprofProcess, clickhouse, wait_until
 
-pytestmark = pytest.mark.e2e
+# the real clients measure their own CPU and wall time: alone, not beside other tests
+pytestmark = [pytest.mark.e2e, pytest.mark.serial]
 DATA = Path(__file__).resolve().parent.parent / "testdata" / "jfr"
 BOUNDARY = "spanprof-test-boundary"
 SERVICE = "capture-app"

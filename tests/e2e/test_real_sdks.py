@@ -29,9 +29,11 @@ from typing import Any
 
 import pytest
 
+from tests.cachelock import cache_lock
 from tests.conftest import ROOT, SpanprofProcess, wait_until
 
-pytestmark = pytest.mark.e2e
+# the real clients measure their own CPU and wall time: alone, not beside other tests
+pytestmark = [pytest.mark.e2e, pytest.mark.serial]
 APP = Path(__file__).resolve().parent / "sdk_app.py"
 HEAVY = "burn_cpu_in_hash_loop"  # sdk_app.HEAVY_FUNCTION
 ITERATIONS = 6
@@ -248,6 +250,13 @@ def node_modules() -> Path:
     manifest = (NODE_APP / "package.json").read_bytes()
     where = node_cache() / hashlib.sha256(manifest + lock).hexdigest()[:16]
     done = where / "installed"
+    with cache_lock("node"):
+        install_node_modules(npm, where, done, manifest, lock)
+    return where / "node_modules"
+
+
+def install_node_modules(npm: str, where: Path, done: Path, manifest: bytes,
+                         lock: bytes) -> None:
     if not done.exists():
         where.mkdir(parents=True, exist_ok=True)
         (where / "package.json").write_bytes(manifest)
@@ -259,7 +268,6 @@ def node_modules() -> Path:
             pytest.fail(f"npm ci of {NODE_APP} failed ({proc.returncode}):\n"
                         f"{proc.stderr[-4000:]}", pytrace=False)
         done.write_text("ok\n")
-    return where / "node_modules"
 
 
 def run_node_app(modules: Path, sp: SpanprofProcess, service: str) -> dict[str, list[Any]]:

@@ -35,7 +35,8 @@ from tests.e2e.test_real_sdks import (
     refused_requests,
 )
 
-pytestmark = pytest.mark.e2e
+# the real clients measure their own CPU and wall time: alone, not beside other tests
+pytestmark = [pytest.mark.e2e, pytest.mark.serial]
 APP = ROOT / "tests" / "clients" / "rust"
 # the busy function, as the SDK names it in the profile (demangled, with its crate's path)
 HEAVY = "spanprof_rust_app::burn_cpu_in_hash_loop"

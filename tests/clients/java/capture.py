@@ -42,7 +42,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
 
-from javaapp import HERE, BuildFailed, build, command
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # run as a script: the repo
+from tests.clients.java.javaapp import HERE, BuildFailed, build, command  # noqa: E402
 
 REPO = HERE.parents[2]
 COMMON = {

@@ -1,5 +1,5 @@
 """The Java programs beside this file and the three agents they run under, shared by
-capture.py (run as a script: it imports this module by its bare name) and
+capture.py (run as a script: it puts the repository on ``sys.path``) and
 tests/e2e/test_java_agent.py (``tests.clients.java.javaapp``).
 
 ``build()`` runs ``mvn -q -B package`` here: the programs are compiled into
@@ -19,6 +19,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from tests.cachelock import cache_lock
+
 HERE = Path(__file__).resolve().parent
 M2 = Path(os.environ.get("SPANPROF_CACHE") or Path.home() / ".cache" / "spanprof") / "m2"
 TARGET = HERE / "target"
@@ -35,6 +37,11 @@ class BuildFailed(RuntimeError):
 
 def build(timeout: float = 900) -> None:
     """``mvn package`` here; raises ``BuildFailed``."""
+    with cache_lock("java-client"):
+        _build(timeout)
+
+
+def _build(timeout: float) -> None:
     for tool in ("java", "mvn"):
         if shutil.which(tool) is None:
             raise BuildFailed(f"`{tool}` is not on PATH: the Java client needs a JDK 17+ "
