@@ -2,8 +2,8 @@
 
 The agent uploads a multipart form: ``jfr``, a recording made by async-profiler, and
 ``labels``, a protobuf ``LabelsSnapshot`` (both gzipped by default: inflate them first,
-within the receiver's limits). ``parse`` reads the recording, ``parse_labels`` the
-snapshot; what they return knows nothing of spanprof's records.
+within the receiver's limits). ``parse`` reads the recording, ``jfrlabels.parse_labels``
+the snapshot; what they return knows nothing of spanprof's records.
 
 A recording is one or more chunks: a 68-byte header (magic ``FLR\\0``, version 2.x, chunk
 size, start time in ns, start ticks, ticks per second, features), then events, each
@@ -57,6 +57,7 @@ from collections.abc import Callable, Mapping
 from operator import itemgetter
 from typing import Any, NamedTuple
 
+from pipeline.pyroscope.jfrlabels import LabelsSnapshot
 from pipeline.pyroscope.jfrwire import (
     DEFAULT_LIMITS,
     K_VAR,
@@ -65,12 +66,10 @@ from pipeline.pyroscope.jfrwire import (
     Budget,
     JfrError,
     JfrTooLarge,
-    LabelsSnapshot,
     Layouts,
     Limits,
     PoolString,
     TypeDef,
-    parse_labels,
     parse_metadata,
     read_value,
     s32,
@@ -79,8 +78,8 @@ from pipeline.pyroscope.jfrwire import (
     varint_value,
 )
 
-__all__ = ["MEASURES", "Frame", "JfrError", "JfrSample", "JfrThread", "JfrTooLarge",
-           "LabelsSnapshot", "Limits", "Recording", "parse", "parse_labels"]
+__all__ = ["MEASURES", "Frame", "JfrError", "JfrSample", "JfrThread", "JfrTooLarge", "Limits",
+           "Recording", "parse"]
 
 HEADER_SIZE = 68
 DEFAULT_INTERVAL_NS = 10_000_000  # the agent's default profilingInterval (100 Hz)

@@ -33,6 +33,7 @@ from pipeline.errors import InvalidData, TooLarge
 from pipeline.otlp.bounds import MAX_COUNT, MAX_REQUEST_VALUE, MAX_SAMPLE_VALUE, time_problem
 from pipeline.otlp.stacks import Frames, StackRefused
 from pipeline.pyroscope import jfr, pprof
+from pipeline.pyroscope.jfrlabels import parse_labels
 from pipeline.receivers.limits import gunzip_limited
 from pipeline.records import Measure, ProfileBatch, Sample
 
@@ -66,7 +67,7 @@ def decode_jfr(recording: bytes, labels: bytes, service: str, sample_rate: int,
                             max_string_bytes=max_bytes,
                             max_labels=limits.max_table_entries)
     try:
-        snapshot = jfr.parse_labels(_inflate(labels, "labels", max_bytes), limits_jfr) \
+        snapshot = parse_labels(_inflate(labels, "labels", max_bytes), limits_jfr) \
             if labels else None
         rec = jfr.parse(data, snapshot, limits_jfr, interval_ns=1_000_000_000 // sample_rate)
     except jfr.JfrTooLarge as err:

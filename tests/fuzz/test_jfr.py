@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 
 from pipeline.pyroscope import jfr
 from pipeline.pyroscope.jfr import JfrError, Limits
+from pipeline.pyroscope.jfrlabels import LabelsSnapshot, parse_labels
 from tests.fuzz.support import FUZZ, PROFILE, count
 from tests.pipeline.pyroscope import jfrbuild as B
 
@@ -62,7 +63,7 @@ def seeds() -> list[bytes]:
     return [captured()[0][0], *built()]
 
 
-def check(data: bytes, labels: jfr.LabelsSnapshot | None = None) -> jfr.Recording | None:
+def check(data: bytes, labels: LabelsSnapshot | None = None) -> jfr.Recording | None:
     """Parses ``data``: a recording of well-formed samples, or None for a JfrError;
     anything else, or a parse over the deadline, fails the test."""
     count("jfr")
@@ -90,11 +91,11 @@ def check(data: bytes, labels: jfr.LabelsSnapshot | None = None) -> jfr.Recordin
     return rec
 
 
-def check_labels(data: bytes) -> jfr.LabelsSnapshot | None:
+def check_labels(data: bytes) -> LabelsSnapshot | None:
     count("jfr_labels")
     t = time.perf_counter()
     try:
-        snap = jfr.parse_labels(data, LIMITS)
+        snap = parse_labels(data, LIMITS)
     except JfrError as err:
         assert str(err).startswith("labels: "), err
         return None
@@ -235,7 +236,7 @@ class TestLabels:
            st.integers(0, 5))
     def test_labelled_samples(self, ids: list[int], which: int) -> None:
         """Samples whose context and span-name ids are anywhere in or out of a snapshot."""
-        snap = jfr.LabelsSnapshot({i: {"k": "v"} for i in ids[::2]},
+        snap = LabelsSnapshot({i: {"k": "v"} for i in ids[::2]},
                                   {i: "name" for i in ids[1::2]})
         spans = tuple(ids[(which + k) % len(ids)] for k in range(5))
         rec = check(B.recording([B.sample(spans=spans)]), snap)
@@ -277,7 +278,7 @@ class TestMutations:
         seed = int(os.environ.get("SPANPROF_FUZZ_SEED") or random.randrange(2**32))
         rnd = random.Random(seed)
         corpus = seeds()
-        labels = jfr.parse_labels(captured()[0][1])
+        labels = parse_labels(captured()[0][1])
         for n in range(MUTANTS):
             data = _mutate(rnd, corpus[n % len(corpus)], corpus)
             try:

@@ -18,6 +18,7 @@ import pytest
 from pipeline.errors import InvalidData, TooLarge
 from pipeline.pyroscope import jfr
 from pipeline.pyroscope.jfr import JfrError, JfrTooLarge, Limits
+from pipeline.pyroscope.jfrlabels import LabelsSnapshot, parse_labels
 from tests.pipeline.pyroscope import jfrbuild as B
 
 DATA = Path(__file__).resolve().parents[2] / "testdata" / "jfr"
@@ -35,7 +36,7 @@ def raw(name: str) -> tuple[bytes, bytes]:
 @cache
 def captured(name: str) -> jfr.Recording:
     rec, labels = raw(name)
-    return jfr.parse(rec, jfr.parse_labels(labels))
+    return jfr.parse(rec, parse_labels(labels))
 
 
 @cache
@@ -152,7 +153,7 @@ class TestCaptured:
     @pytest.mark.parametrize("name", ITIMER + WALL)
     def test_labels_snapshot(self, name: str) -> None:
         """The snapshot's strings hold the span names; its contexts the label context."""
-        snap = jfr.parse_labels(raw(name)[1])
+        snap = parse_labels(raw(name)[1])
         assert {"checkout", "batch", "contend", "sleepy"} <= set(snap.strings.values())
         assert snap.contexts and all(c == {"order_type": "express"}
                                      for c in snap.contexts.values())
@@ -254,7 +255,7 @@ class TestBuilt:
     def test_minimal(self) -> None:
         """A sample: time from ticks, thread, stack leaf first (a Java and a native
         frame), state, interval from the settings, span labels from the snapshot."""
-        snap = jfr.LabelsSnapshot({7: {"k": "v"}}, {3: "checkout"})
+        snap = LabelsSnapshot({7: {"k": "v"}}, {3: "checkout"})
         data = B.recording([B.setting("interval", "20000000"),
                             B.sample(spans=(0xABCDEF, 3, 7, 0x0102, 0x0304)),
                             B.sample(stack=2, thread=2, ticks=B.START_TICKS + 5)])
@@ -436,7 +437,7 @@ class TestLimits:
 
     def test_labels_limit(self) -> None:
         with pytest.raises(JfrTooLarge, match="max_labels=3"):
-            jfr.parse_labels(raw("itimer-1")[1], Limits(max_labels=3))
+            parse_labels(raw("itimer-1")[1], Limits(max_labels=3))
 
 
 def _pb(field: int, payload: bytes | int) -> bytes:
@@ -461,11 +462,11 @@ class TestLabels:
         data = (_pb(1, _pb(1, 12) + _pb(2, ctx)) + _pb(2, _pb(1, 5) + _pb(2, b"k"))
                 + _pb(2, _pb(1, 6) + _pb(2, b"v")) + _pb(2, _pb(1, -1) + _pb(2, b"neg"))
                 + _pb(9, 77) + _pb(10, b"skipped"))
-        snap = jfr.parse_labels(data)
+        snap = parse_labels(data)
         assert snap.contexts == {12: {"k": "v"}} and snap.strings[-1] == "neg"
 
     def test_empty(self) -> None:
-        assert jfr.parse_labels(b"") == jfr.LabelsSnapshot({}, {})
+        assert parse_labels(b"") == LabelsSnapshot({}, {})
 
     @pytest.mark.parametrize(("data", "message"), [
         (_pb(1, _pb(1, 12) + _pb(2, _pb(1, _pb(1, 5) + _pb(2, 6)))), "no string 5"),
@@ -477,4 +478,4 @@ class TestLabels:
     ])
     def test_refused(self, data: bytes, message: str) -> None:
         with pytest.raises(JfrError, match=message):
-            jfr.parse_labels(data)
+            parse_labels(data)
