@@ -8,7 +8,7 @@ the snapshot; what they return knows nothing of spanprof's records.
 A recording is one or more chunks: a 68-byte header (magic ``FLR\\0``, version 2.x, chunk
 size, start time in ns, start ticks, ticks per second, features), then events, each
 ``size`` (varint, counting itself), ``type id`` (varint), payload. Type 0 is the metadata
-(``jfrwire.parse_metadata``), type 1 a checkpoint: constant pools (threads, stack traces,
+(``jfrmeta.parse_metadata``), type 1 a checkpoint: constant pools (threads, stack traces,
 methods, classes, symbols, strings, frame types, thread states), which events refer to by
 key. Every other type is laid out as the metadata says; no offset is assumed, and a field
 is used only if the metadata declares it with the expected type (``TypeDef.field_at``).
@@ -45,9 +45,10 @@ gives no label. Stacks are leaf first; a Java frame is ``package.Class.method`` 
 file, a native one (frame types Native, C++, Kernel) its symbol with its library as file.
 
 Values and times are as recorded (converted to ns), not range-checked: the receiver
-checks them as it checks pprof's. Hostile input: see ``jfrwire``. Events are scanned (sizes
-checked, counted against ``max_events``) before any is decoded, and each is read within its
-own bounds, so it cannot read past its size. Events of other types are counted, not read.
+checks them as it checks pprof's. Hostile input: see ``jfrwire`` and ``jfrmeta``. Events
+are scanned (sizes checked, counted against ``max_events``) before any is decoded, and each
+is read within its own bounds, so it cannot read past its size. Events of other types are
+counted, not read.
 """
 
 from __future__ import annotations
@@ -58,20 +59,16 @@ from operator import itemgetter
 from typing import Any, NamedTuple
 
 from pipeline.pyroscope.jfrlabels import LabelsSnapshot
+from pipeline.pyroscope.jfrmeta import K_VAR, Layouts, TypeDef, parse_metadata, read_value
 from pipeline.pyroscope.jfrwire import (
     DEFAULT_LIMITS,
-    K_VAR,
     SHORT_VARINTS,
     VARINTS,
     Budget,
     JfrError,
     JfrTooLarge,
-    Layouts,
     Limits,
     PoolString,
-    TypeDef,
-    parse_metadata,
-    read_value,
     s32,
     s64,
     uvar,
