@@ -10,8 +10,9 @@ size, start time in ns, start ticks, ticks per second, features), then events, e
 ``size`` (varint, counting itself), ``type id`` (varint), payload. Type 0 is the metadata
 (``jfrmeta.parse_metadata``), type 1 a checkpoint: constant pools (threads, stack traces,
 methods, classes, symbols, strings, frame types, thread states), which events refer to by
-key. Every other type is laid out as the metadata says; no offset is assumed, and a field
-is used only if the metadata declares it with the expected type (``TypeDef.field_at``).
+key (``jfrpools``). Every other type is laid out as the metadata says; no offset is
+assumed, and a field is used only if the metadata declares it with the expected type
+(``TypeDef.field_at``).
 
 Samples, one per (event, measure); values in ns, bytes or counts:
 
@@ -59,7 +60,16 @@ from operator import itemgetter
 from typing import Any, NamedTuple
 
 from pipeline.pyroscope.jfrlabels import LabelsSnapshot
-from pipeline.pyroscope.jfrmeta import K_VAR, Layouts, TypeDef, parse_metadata, read_value
+from pipeline.pyroscope.jfrmeta import (
+    INT_TYPES,
+    K_VAR,
+    LONG_TYPES,
+    STRING_TYPES,
+    TypeDef,
+    parse_metadata,
+    read_value,
+)
+from pipeline.pyroscope.jfrpools import Frame, JfrThread, Pools
 from pipeline.pyroscope.jfrwire import (
     DEFAULT_LIMITS,
     SHORT_VARINTS,
@@ -68,19 +78,16 @@ from pipeline.pyroscope.jfrwire import (
     JfrError,
     JfrTooLarge,
     Limits,
-    PoolString,
     s32,
     s64,
     uvar,
     varint_value,
 )
 
-__all__ = ["MEASURES", "Frame", "JfrError", "JfrSample", "JfrThread", "JfrTooLarge", "Limits",
-           "Recording", "parse"]
+__all__ = ["MEASURES", "JfrError", "JfrSample", "JfrTooLarge", "Limits", "Recording", "parse"]
 
 HEADER_SIZE = 68
 DEFAULT_INTERVAL_NS = 10_000_000  # the agent's default profilingInterval (100 Hz)
-NATIVE_FRAMES = ("Native", "C++", "Kernel")
 # event type -> its measures: (measure, the field holding its value; "" for 1 or the interval)
 MEASURES: dict[str, tuple[tuple[str, str], ...]] = {
     "jdk.ExecutionSample": (("cpu", ""),),
@@ -96,31 +103,19 @@ MEASURES: dict[str, tuple[tuple[str, str], ...]] = {
     "profiler.LiveObject": (("live_objects", ""), ("live_bytes", "allocationSize")),
     "profiler.Malloc": (("malloc_count", ""), ("malloc_bytes", "size")),
 }
-_INT, _LONG, _STRING = ("int", "long"), ("long",), ("java.lang.String",)
 # the event fields a sample is made of, and the type each must be declared with
 _EVENT_FIELDS: dict[str, tuple[tuple[str, ...], bool]] = {
-    "startTime": (_LONG, False), "duration": (_LONG, False),
+    "startTime": (LONG_TYPES, False), "duration": (LONG_TYPES, False),
     "sampledThread": (("java.lang.Thread",), True), "eventThread": (("java.lang.Thread",), True),
     "stackTrace": (("jdk.types.StackTrace",), True),
     "state": (("jdk.types.ThreadState",), True),
-    "samples": (_INT, False), "tlabSize": (_LONG, False), "allocationSize": (_LONG, False),
-    "weight": (_LONG, False), "size": (_LONG, False),
-    **{k: (_LONG, False) for k in ("contextId", "spanId", "spanName", "traceIdHi",
-                                   "traceIdLo")},
+    "samples": (INT_TYPES, False), "tlabSize": (LONG_TYPES, False),
+    "allocationSize": (LONG_TYPES, False), "weight": (LONG_TYPES, False),
+    "size": (LONG_TYPES, False),
+    **{k: (LONG_TYPES, False) for k in ("contextId", "spanId", "spanName", "traceIdHi",
+                                        "traceIdLo")},
 }
 _LABEL_FIELDS = ("contextId", "spanId", "spanName", "traceIdHi", "traceIdLo")
-
-
-class Frame(NamedTuple):
-    function: str
-    file: str
-    line: int
-
-
-class JfrThread(NamedTuple):
-    os_id: int  # the OS thread id
-    java_id: int  # the java.lang.Thread id; 0 for a thread that is not a Java thread
-    name: str  # the Java name, else the OS name
 
 
 class JfrSample(NamedTuple):
@@ -198,12 +193,6 @@ class _Chunk:
         self.end = pos + size
         self.start_ns, self.duration_ns = start_ns, duration_ns
         self.start_ticks, self.tps = start_ticks, tps
-        self.pools: dict[int, dict[int, Any]] = {}  # type id -> key -> value
-        # what events share, made once: stacks, threads, frames, labels
-        self._stacks: dict[int, tuple[Frame, ...]] = {}
-        self._threads: dict[int, JfrThread | None] = {0: None}
-        self._frames: dict[tuple[int, int, int], Frame] = {}
-        self._labels: dict[tuple[int, ...], Mapping[str, str]] = {}
 
     def read(self) -> int:
         """Reads the whole chunk into the recording; returns how many events it skipped."""
@@ -242,34 +231,10 @@ class _Chunk:
             raise JfrError(f"jfr: the chunk at byte {self.pos} has no metadata event")
         p, e = metadata
         self.types = _guard(p, parse_metadata, data[p:e], 0, p, self.budget)
-        self.layouts = Layouts(self.types)
-        self.by_name = {t.name: t for t in self.types.values()}
+        self.pools = Pools(self.types, self.budget, self.snapshot)
         for p, e in checkpoints:
-            _guard(p, self._checkpoint, data[p:e], p)
+            _guard(p, self.pools.read_checkpoint, data[p:e], p)
         return self._events(events)
-
-    def _checkpoint(self, buf: bytes, base: int) -> None:
-        pos = 0
-        for _ in range(3):  # start time, duration, delta to the previous checkpoint
-            _, pos = uvar(buf, pos)
-        pos += 1  # the checkpoint's type (JDK 14+) or 'flush' flag (JDK 11): one byte
-        n, pos = uvar(buf, pos)
-        if n > len(buf) - pos:
-            raise JfrError(f"jfr: {n} constant pools at byte {base + pos}, "
-                           f"{len(buf) - pos} bytes left")
-        for _ in range(n):
-            tid, p = uvar(buf, pos)
-            count, p = uvar(buf, p)
-            spec = self.layouts.of_type(tid, base + pos)
-            if count > (len(buf) - p) // (1 + spec[2]):
-                raise JfrError(f"jfr: a pool of {count} entries at byte {base + pos}, "
-                               f"{len(buf) - p} bytes left")
-            self.budget.take_entries(count, base + pos)
-            pool = self.pools.setdefault(tid, {})
-            for _ in range(count):
-                key, p = uvar(buf, p)
-                pool[key], p = read_value(spec, buf, p, self.budget, base)
-            pos = p
 
     def _events(self, events: list[tuple[int, int, int]]) -> int:
         counts = self.rec.event_counts
@@ -277,7 +242,7 @@ class _Chunk:
             t = self.types.get(tid)
             name = t.name if t is not None else f"(type {tid}, not in the metadata)"
             counts[name] = counts.get(name, 0) + n
-        setting = self.by_name.get("jdk.ActiveSetting")
+        setting = self.pools.by_name.get("jdk.ActiveSetting")
         if setting is not None:
             self._settings([e for e in events if e[2] == setting.id], setting)
         plans = {t.id: _Plan(self, t) for t in self.types.values() if t.name in MEASURES}
@@ -292,14 +257,14 @@ class _Chunk:
         return skipped
 
     def _settings(self, events: list[tuple[int, int, int]], t: TypeDef) -> None:
-        i = t.field_at("name", self.types, _STRING)
-        j = t.field_at("value", self.types, _STRING)
+        i = t.field_at("name", self.types, STRING_TYPES)
+        j = t.field_at("value", self.types, STRING_TYPES)
         if i < 0 or j < 0:
             return
-        specs = [self.layouts.of_field(f, 0) for f in t.fields[:max(i, j) + 1]]
+        specs = [self.pools.layouts.of_field(f, 0) for f in t.fields[:max(i, j) + 1]]
         for p, e, _ in events:
             vals = _guard(p, self.fields, self.data[p:e], specs, p)
-            self.rec.settings[self.text(vals[i])] = self.text(vals[j])
+            self.rec.settings[self.pools.text(vals[i])] = self.pools.text(vals[j])
 
     def fields(self, buf: bytes, specs: list[Any], base: int) -> list[Any]:
         """The values of the first fields of an event, as ``specs`` say they are written."""
@@ -308,106 +273,6 @@ class _Chunk:
             v, pos = read_value(spec, buf, pos, self.budget, base)
             vals.append(v)
         return vals
-
-    # -- pool lookups ---------------------------------------------------------------------
-
-    def text(self, v: Any) -> str:
-        """A string value as read: a pool reference looked up, null -> ""."""
-        if isinstance(v, PoolString):
-            v = self.pool("java.lang.String").get(int(v))
-        return v if isinstance(v, str) else ""
-
-    def pool(self, type_name: str) -> dict[int, Any]:
-        t = self.by_name.get(type_name)
-        return self.pools.get(t.id, {}) if t is not None else {}
-
-    def _entry(self, type_name: str, key: Any, fields: tuple[tuple[str, tuple[str, ...], bool],
-                                                             ...]) -> list[Any]:
-        """The values of ``fields`` (name, types, is a pool key) of a pool entry; None for a
-        field the type lacks or declares otherwise, all None for an absent entry."""
-        t = self.by_name.get(type_name)
-        raw = self.pool(type_name).get(key)
-        if t is None or not isinstance(raw, tuple):
-            return [None] * len(fields)
-        out = []
-        for name, types, cpool in fields:
-            i = t.field_at(name, self.types, types, cpool=cpool)
-            out.append(raw[i] if i >= 0 else None)
-        return out
-
-    def thread(self, key: int, at: int) -> JfrThread | None:
-        if key in self._threads:
-            return self._threads[key]
-        if key not in self.pool("java.lang.Thread"):
-            raise JfrError(f"jfr: the event at byte {at} refers to thread {key}, in no pool")
-        os_name, os_id, java_name, java_id = self._entry("java.lang.Thread", key, (
-            ("osName", _STRING, False), ("osThreadId", _LONG, False),
-            ("javaName", _STRING, False), ("javaThreadId", _LONG, False)))
-        th = self._threads[key] = JfrThread(s64(os_id or 0), s64(java_id or 0),
-                                            self.text(java_name) or self.text(os_name))
-        return th
-
-    def stack(self, key: int, at: int) -> tuple[Frame, ...]:
-        got = self._stacks.get(key)
-        if got is not None:
-            return got
-        if key not in self.pool("jdk.types.StackTrace"):
-            if key == 0:
-                return ()
-            raise JfrError(f"jfr: the event at byte {at} refers to stack trace {key}, "
-                           f"in no pool")
-        t = self.by_name["jdk.types.StackTrace"]
-        ft = self.by_name.get("jdk.types.StackFrame")
-        i = t.field_at("frames", self.types, ("jdk.types.StackFrame",), array=True)
-        raw = self.pool("jdk.types.StackTrace")[key]
-        frames = raw[i] if i >= 0 and ft is not None and isinstance(raw, tuple) else []
-        im = ft.field_at("method", self.types, ("jdk.types.Method",), cpool=True) if ft else -1
-        il = ft.field_at("lineNumber", self.types, _INT) if ft else -1
-        it = ft.field_at("type", self.types, ("jdk.types.FrameType",), cpool=True) if ft else -1
-        out = []
-        for f in frames:
-            k = (f[im] if im >= 0 else -1, f[il] if il >= 0 else 0, f[it] if it >= 0 else -1)
-            frame = self._frames.get(k)
-            if frame is None:
-                frame = self._frames[k] = self._frame(*k)
-            out.append(frame)
-        stack = self._stacks[key] = tuple(out)
-        return stack
-
-    def _frame(self, method: int, line: int, frame_type: int) -> Frame:
-        cls, name = self._entry("jdk.types.Method", method, (
-            ("type", ("java.lang.Class",), True), ("name", ("jdk.types.Symbol",), True)))
-        cname, = self._entry("java.lang.Class", cls, (("name", ("jdk.types.Symbol",), True),))
-        kind, = self._entry("jdk.types.FrameType", frame_type, (("description", _STRING, False),))
-        cname, mname = self._symbol(cname), self._symbol(name)
-        if self.text(kind) in NATIVE_FRAMES:
-            return Frame(mname, cname, 0)
-        cname = cname.replace("/", ".")
-        return Frame(f"{cname}.{mname}" if cname else mname, "", s32(line))
-
-    def _symbol(self, key: Any) -> str:
-        s, = self._entry("jdk.types.Symbol", key, (("string", _STRING, False),))
-        return self.text(s)
-
-    def state(self, key: int) -> str:
-        s, = self._entry("jdk.types.ThreadState", key, (("name", _STRING, False),))
-        return self.text(s)
-
-    def labels(self, ctx: int, span: int, name: int, hi: int, lo: int) -> Mapping[str, str]:
-        k = (ctx, span, name, hi, lo)
-        got = self._labels.get(k)
-        if got is not None:
-            return got
-        snap = self.snapshot
-        out: dict[str, str] = dict(snap.contexts.get(s64(ctx), {})) if snap and ctx else {}
-        if span:
-            out["span_id"] = f"{span:016x}"
-        if name and snap is not None and snap.strings.get(s64(name)):
-            out["span_name"] = snap.strings[s64(name)]
-        if hi or lo:
-            out["trace_id"] = f"{hi:016x}{lo:016x}"
-        self._labels[k] = out
-        return out
 
     def interval(self, wall: bool) -> int:
         s = self.rec.settings
@@ -446,7 +311,7 @@ class _Plan:
             i = t.field_at(name, chunk.types, types, cpool=cpool)
             if i >= 0:
                 at[name] = i
-        self.specs = [chunk.layouts.of_field(f, 0) for f in
+        self.specs = [chunk.pools.layouts.of_field(f, 0) for f in
                       t.fields[:max(at.values(), default=-1) + 1]]
         self.n = len(self.specs)
         self.all_varints = all(s[0] == K_VAR for s in self.specs)
@@ -485,7 +350,7 @@ class _Plan:
             k = vals[self.i_state]
             got = self.states.get(k)
             state = got if got is not None else self.states.setdefault(
-                k, chunk.state(_int(k)))
+                k, chunk.pools.state(_int(k)))
             if self.is_cpu and state == "STATE_SLEEPING":
                 return 1
         if self.i_time >= 0:
@@ -500,18 +365,19 @@ class _Plan:
             k = vals[self.i_thread]
             thread = self.threads.get(k)
             if thread is None:
-                thread = self.threads[k] = chunk.thread(_int(k), base)
+                thread = self.threads[k] = chunk.pools.thread(_int(k), base)
         stack: tuple[Frame, ...] = ()
         if self.i_stack >= 0:
             k = vals[self.i_stack]
             got_stack = self.stacks.get(k)
             stack = got_stack if got_stack is not None else self.stacks.setdefault(
-                k, chunk.stack(_int(k), base))
+                k, chunk.pools.stack(_int(k), base))
         k = self.label_key(vals)
         labels = self.labels.get(k)
         if labels is None:
             named = dict(zip(self.label_names, map(_int, k), strict=True))
-            labels = self.labels[k] = chunk.labels(*(named.get(f, 0) for f in _LABEL_FIELDS))
+            labels = self.labels[k] = chunk.pools.labels(*(named.get(f, 0)
+                                                             for f in _LABEL_FIELDS))
         samples = chunk.rec.samples
         for measure, i, ticks in self.measures:
             if i < 0:

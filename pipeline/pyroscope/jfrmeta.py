@@ -55,6 +55,11 @@ class TypeDef(NamedTuple):
         return i if ok else -1
 
 
+# ``type_names`` for ``field_at``: a field read as an int (declared int or long), a long, a
+# string
+INT_TYPES, LONG_TYPES, STRING_TYPES = ("int", "long"), ("long",), ("java.lang.String",)
+
+
 class _Element(NamedTuple):
     name: str
     attrs: dict[str, str]

@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 from pipeline.pyroscope import jfr
 from pipeline.pyroscope.jfr import JfrError, Limits
 from pipeline.pyroscope.jfrlabels import LabelsSnapshot, parse_labels
+from pipeline.pyroscope.jfrpools import JfrThread
 from tests.fuzz.support import FUZZ, PROFILE, count
 from tests.pipeline.pyroscope import jfrbuild as B
 
@@ -79,7 +80,7 @@ def check(data: bytes, labels: LabelsSnapshot | None = None) -> jfr.Recording | 
     for s in rec.samples:
         assert s.measure in MEASURES and isinstance(s.value, int)
         assert isinstance(s.time_ns, int) and isinstance(s.state, str)
-        assert s.thread is None or isinstance(s.thread, jfr.JfrThread)
+        assert s.thread is None or isinstance(s.thread, JfrThread)
         assert len(s.stack) <= LIMITS.max_stack_depth
         assert all(isinstance(f.function, str) and isinstance(f.file, str)
                    and isinstance(f.line, int) for f in s.stack)

@@ -19,6 +19,7 @@ from pipeline.errors import InvalidData, TooLarge
 from pipeline.pyroscope import jfr
 from pipeline.pyroscope.jfr import JfrError, JfrTooLarge, Limits
 from pipeline.pyroscope.jfrlabels import LabelsSnapshot, parse_labels
+from pipeline.pyroscope.jfrpools import Frame, JfrThread
 from tests.pipeline.pyroscope import jfrbuild as B
 
 DATA = Path(__file__).resolve().parents[2] / "testdata" / "jfr"
@@ -263,13 +264,13 @@ class TestBuilt:
         a, b = rec.samples
         assert a == jfr.JfrSample(
             "jdk.ExecutionSample", "cpu", 20_000_000, B.START_NS + 1000,
-            jfr.JfrThread(1234, 25, "worker"),
-            (jfr.Frame("app.Main.spin", "", 42), jfr.Frame("app.Main.run", "", 10),
-             jfr.Frame("app.Main.run", "", 11)),
+            JfrThread(1234, 25, "worker"),
+            (Frame("app.Main.spin", "", 42), Frame("app.Main.run", "", 10),
+             Frame("app.Main.run", "", 11)),
             {"k": "v", "span_id": "0000000000abcdef", "span_name": "checkout",
              "trace_id": "0000000000000102" "0000000000000304"}, "STATE_RUNNABLE")
-        assert b.stack == (jfr.Frame("os::malloc", "libjvm.so", 0),)
-        assert b.thread == jfr.JfrThread(1235, 0, "GC Thread#0") and b.labels == {}
+        assert b.stack == (Frame("os::malloc", "libjvm.so", 0),)
+        assert b.thread == JfrThread(1235, 0, "GC Thread#0") and b.labels == {}
         assert b.time_ns == B.START_NS + 5
         assert rec.start_ns == B.START_NS and rec.end_ns == B.START_NS + 3 * 10**9
 
