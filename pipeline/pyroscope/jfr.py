@@ -72,12 +72,14 @@ from pipeline.pyroscope.jfrmeta import (
 from pipeline.pyroscope.jfrpools import Frame, JfrThread, Pools
 from pipeline.pyroscope.jfrwire import (
     DEFAULT_LIMITS,
+    HEADER_SIZE,
     SHORT_VARINTS,
     VARINTS,
     Budget,
     JfrError,
     JfrTooLarge,
     Limits,
+    read_header,
     s32,
     s64,
     uvar,
@@ -86,7 +88,6 @@ from pipeline.pyroscope.jfrwire import (
 
 __all__ = ["MEASURES", "JfrError", "JfrSample", "JfrTooLarge", "Limits", "Recording", "parse"]
 
-HEADER_SIZE = 68
 DEFAULT_INTERVAL_NS = 10_000_000  # the agent's default profilingInterval (100 Hz)
 # event type -> its measures: (measure, the field holding its value; "" for 1 or the interval)
 MEASURES: dict[str, tuple[tuple[str, str], ...]] = {
@@ -158,8 +159,8 @@ def parse(data: bytes, labels: LabelsSnapshot | None = None,
             raise JfrTooLarge(f"jfr: more than max_chunks={limits.max_chunks} (byte {pos})")
         chunk = _Chunk(data, pos, budget, labels, interval_ns, rec)
         skipped += chunk.read()
-        start_ns = chunk.start_ns if start_ns < 0 else start_ns
-        end_ns = chunk.start_ns + chunk.duration_ns
+        start_ns = chunk.header.start_ns if start_ns < 0 else start_ns
+        end_ns = chunk.header.start_ns + chunk.header.duration_ns
         pos = chunk.end
     return rec._replace(start_ns=start_ns, end_ns=end_ns, skipped=skipped)
 
@@ -171,28 +172,8 @@ class _Chunk:
                  interval_ns: int, rec: Recording) -> None:
         self.data, self.pos, self.budget, self.snapshot, self.rec = data, pos, budget, labels, rec
         self.interval_ns = interval_ns
-        h = data[pos:pos + HEADER_SIZE]
-        if len(h) < HEADER_SIZE:
-            raise JfrError(f"jfr: {len(h)} bytes at byte {pos}, fewer than a chunk header's")
-        if h[:4] != b"FLR\0":
-            raise JfrError(f"jfr: no chunk magic FLR\\0 at byte {pos} (found {h[:4]!r})")
-        major = int.from_bytes(h[4:6], "big")
-        size, _, _, start_ns, duration_ns, start_ticks, tps = (
-            int.from_bytes(h[i:i + 8], "big") for i in range(8, 64, 8))
-        features = int.from_bytes(h[64:68], "big")
-        if major != 2:
-            raise JfrError(f"jfr: chunk version {major}.x at byte {pos}; only 2.x is read")
-        if not features & 1:
-            raise JfrError(f"jfr: the chunk at byte {pos} has fixed-size integers (features "
-                           f"{features:#x}); only compressed integers are read")
-        if not HEADER_SIZE <= size <= len(data) - pos:
-            raise JfrError(f"jfr: the chunk at byte {pos} says it has {size} bytes; "
-                           f"{len(data) - pos} are left")
-        if tps == 0:
-            raise JfrError(f"jfr: the chunk at byte {pos} has 0 ticks per second")
-        self.end = pos + size
-        self.start_ns, self.duration_ns = start_ns, duration_ns
-        self.start_ticks, self.tps = start_ticks, tps
+        self.header = read_header(data, pos)
+        self.end = pos + self.header.size
 
     def read(self) -> int:
         """Reads the whole chunk into the recording; returns how many events it skipped."""
@@ -356,10 +337,10 @@ class _Plan:
         if self.i_time >= 0:
             time_ns = _int(vals[self.i_time])
             if self.time_ticks:
-                time_ns = chunk.start_ns + (time_ns - chunk.start_ticks) * 1_000_000_000 \
-                    // chunk.tps
+                h = chunk.header
+                time_ns = h.start_ns + (time_ns - h.start_ticks) * 1_000_000_000 // h.tps
         else:
-            time_ns = chunk.start_ns
+            time_ns = chunk.header.start_ns
         thread = None
         if self.i_thread >= 0:
             k = vals[self.i_thread]
@@ -387,7 +368,7 @@ class _Plan:
             else:
                 value = s64(_int(vals[i]))
                 if ticks:
-                    value = value * 1_000_000_000 // chunk.tps
+                    value = value * 1_000_000_000 // chunk.header.tps
             samples.append(JfrSample(self.name, measure, value, time_ns, thread, stack,
                                      labels, state))
         return 0

@@ -1,9 +1,12 @@
-"""The JFR wire as Java profilers write it: errors, limits, integers, strings. ``jfrmeta.py``
-reads the metadata event with it, ``jfr.py`` recordings; ``jfrlabels.py`` reads the agent's
-labels snapshot (protobuf).
+"""The JFR wire as Java profilers write it: errors, limits, the chunk header, integers,
+strings. ``jfrmeta.py`` reads the metadata event with it, ``jfr.py`` recordings;
+``jfrlabels.py`` reads the agent's labels snapshot (protobuf).
 
 Facts of the format used here (JDK's JFR file format, as async-profiler writes it):
 
+* a chunk starts with a 68-byte big-endian header: magic ``FLR\\0``, major and minor version
+  (2 bytes each), then 8 bytes each: chunk size, constant pool and metadata offsets, start
+  time (ns), duration (ns), start ticks, ticks per second; then 4 bytes of features;
 * integers are LEB128-style varints when the chunk header's feature bit 0 ("compressed
   integers") is set (always, for async-profiler and the JDK): 7 bits a byte, low bits first,
   the 9th byte whole; ``int``s are their unsigned 32-bit pattern (-1: 5 bytes). Writers pad
@@ -83,6 +86,42 @@ class Budget:
         self.frames += n
         if self.frames > self.limits.max_frames:
             raise self._over("max_frames", at)
+
+
+HEADER_SIZE = 68
+
+
+class ChunkHeader(NamedTuple):
+    size: int  # bytes in the chunk, its header included
+    start_ns: int  # Unix ns
+    duration_ns: int
+    start_ticks: int  # the ticks at start_ns
+    tps: int  # ticks per second; never 0
+
+
+def read_header(data: bytes, pos: int) -> ChunkHeader:
+    """The header of the chunk at byte ``pos``; ``JfrError`` unless it is a 2.x header with
+    compressed integers, ticks per second, and a size within ``data``."""
+    h = data[pos:pos + HEADER_SIZE]
+    if len(h) < HEADER_SIZE:
+        raise JfrError(f"jfr: {len(h)} bytes at byte {pos}, fewer than a chunk header's")
+    if h[:4] != b"FLR\0":
+        raise JfrError(f"jfr: no chunk magic FLR\\0 at byte {pos} (found {h[:4]!r})")
+    major = int.from_bytes(h[4:6], "big")
+    size, _, _, start_ns, duration_ns, start_ticks, tps = (
+        int.from_bytes(h[i:i + 8], "big") for i in range(8, 64, 8))
+    features = int.from_bytes(h[64:68], "big")
+    if major != 2:
+        raise JfrError(f"jfr: chunk version {major}.x at byte {pos}; only 2.x is read")
+    if not features & 1:
+        raise JfrError(f"jfr: the chunk at byte {pos} has fixed-size integers (features "
+                       f"{features:#x}); only compressed integers are read")
+    if not HEADER_SIZE <= size <= len(data) - pos:
+        raise JfrError(f"jfr: the chunk at byte {pos} says it has {size} bytes; "
+                       f"{len(data) - pos} are left")
+    if tps == 0:
+        raise JfrError(f"jfr: the chunk at byte {pos} has 0 ticks per second")
+    return ChunkHeader(size, start_ns, duration_ns, start_ticks, tps)
 
 
 def uvar(buf: bytes, pos: int) -> tuple[int, int]:
