@@ -32,8 +32,7 @@ from collections.abc import Mapping
 from pipeline.errors import InvalidData, TooLarge
 from pipeline.otlp.bounds import MAX_COUNT, MAX_REQUEST_VALUE, MAX_SAMPLE_VALUE, time_problem
 from pipeline.otlp.stacks import Frames, StackRefused
-from pipeline.pyroscope import jfr, pprof
-from pipeline.pyroscope.jfrlabels import parse_labels
+from pipeline.pyroscope import jfr, jfrlabels, jfrwire, pprof
 from pipeline.receivers.limits import gunzip_limited
 from pipeline.records import Measure, ProfileBatch, Sample
 
@@ -61,16 +60,16 @@ def decode_jfr(recording: bytes, labels: bytes, service: str, sample_rate: int,
     if not recording:
         raise InvalidData("jfr: the form has no 'jfr' part (or it is empty)")
     data = _inflate(recording, "jfr", max_bytes)
-    limits_jfr = jfr.Limits(max_events=limits.max_samples,
-                            max_stack_depth=limits.max_stack_depth,
-                            max_pool_entries=limits.max_table_entries,
-                            max_string_bytes=max_bytes,
-                            max_labels=limits.max_table_entries)
+    limits_jfr = jfrwire.Limits(max_events=limits.max_samples,
+                                max_stack_depth=limits.max_stack_depth,
+                                max_pool_entries=limits.max_table_entries,
+                                max_string_bytes=max_bytes,
+                                max_labels=limits.max_table_entries)
     try:
-        snapshot = parse_labels(_inflate(labels, "labels", max_bytes), limits_jfr) \
+        snapshot = jfrlabels.parse_labels(_inflate(labels, "labels", max_bytes), limits_jfr) \
             if labels else None
         rec = jfr.parse(data, snapshot, limits_jfr, interval_ns=1_000_000_000 // sample_rate)
-    except jfr.JfrTooLarge as err:
+    except jfrwire.JfrTooLarge as err:
         raise TooLarge(str(err)) from None
     if len(rec.samples) > limits.max_samples:
         raise TooLarge(f"jfr: {len(rec.samples)} samples, over max_samples_per_request="

@@ -260,3 +260,12 @@ def read_value(spec: Spec, buf: bytes, pos: int, budget: Budget, base: int) -> t
         raise IndexError(pos)
     return struct.unpack_from(">f" if size == 4 else ">d", buf, pos)[0], pos + size
 
+
+def read_fields(specs: list[Spec], buf: bytes, budget: Budget, base: int) -> list[Any]:
+    """The values of the first fields of an event whose payload (after size and type) is
+    ``buf``, at byte ``base`` of the recording, as ``specs`` say they are written."""
+    pos, vals = 0, []
+    for spec in specs:
+        v, pos = read_value(spec, buf, pos, budget, base)
+        vals.append(v)
+    return vals

@@ -1,4 +1,4 @@
-"""The JFR parser (``pipeline/pyroscope/jfr.py``) fed hostile recordings and labels
+"""The JFR parser (``pipeline/pyroscope/jfr*.py``) fed hostile recordings and labels
 snapshots: random bytes, truncations, bit flips, extreme varints, lengths and counts,
 rewritten chunk headers, and recordings built with random metadata (types that contain
 themselves, arrays of anything, pools of unknown types). Each input is either read, into
@@ -23,10 +23,10 @@ from pathlib import Path
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline.pyroscope import jfr
-from pipeline.pyroscope.jfr import JfrError, Limits
+from pipeline.pyroscope import jfr, jfrsamples
 from pipeline.pyroscope.jfrlabels import LabelsSnapshot, parse_labels
 from pipeline.pyroscope.jfrpools import JfrThread
+from pipeline.pyroscope.jfrwire import JfrError, Limits
 from tests.fuzz.support import FUZZ, PROFILE, count
 from tests.pipeline.pyroscope import jfrbuild as B
 
@@ -34,7 +34,7 @@ DATA = Path(__file__).resolve().parents[1] / "testdata" / "jfr"
 LIMITS = Limits(max_events=50_000, max_stack_depth=2048, max_pool_entries=200_000,
                 max_string_bytes=8 << 20, max_frames=400_000, max_labels=20_000)
 DEADLINE_S = 5.0  # one parse; the seeds take ~10 ms
-MEASURES = {m for ms in jfr.MEASURES.values() for m, _ in ms}
+MEASURES = {m for ms in jfrsamples.MEASURES.values() for m, _ in ms}
 MUTANTS = int(os.environ.get("SPANPROF_FUZZ_JFR_MUTATIONS",
                              20_000 if PROFILE == "fuzz" else 300))
 EXTREME_VARINTS = [b"\xff" * 8 + b"\xff", b"\x80" * 8 + b"\x01", b"\xff\xff\xff\xff\x0f",

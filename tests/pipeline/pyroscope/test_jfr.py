@@ -17,9 +17,10 @@ import pytest
 
 from pipeline.errors import InvalidData, TooLarge
 from pipeline.pyroscope import jfr
-from pipeline.pyroscope.jfr import JfrError, JfrTooLarge, Limits
 from pipeline.pyroscope.jfrlabels import LabelsSnapshot, parse_labels
 from pipeline.pyroscope.jfrpools import Frame, JfrThread
+from pipeline.pyroscope.jfrsamples import JfrSample
+from pipeline.pyroscope.jfrwire import JfrError, JfrTooLarge, Limits
 from tests.pipeline.pyroscope import jfrbuild as B
 
 DATA = Path(__file__).resolve().parents[2] / "testdata" / "jfr"
@@ -46,7 +47,7 @@ def spans(scenario: str) -> dict[str, dict[str, Any]]:
     return {s["span_id"]: s for s in json.loads((DATA / "spans.json").read_text())[scenario]}
 
 
-def by(rec: jfr.Recording, measure: str) -> list[jfr.JfrSample]:
+def by(rec: jfr.Recording, measure: str) -> list[JfrSample]:
     return [s for s in rec.samples if s.measure == measure]
 
 
@@ -262,7 +263,7 @@ class TestBuilt:
                             B.sample(stack=2, thread=2, ticks=B.START_TICKS + 5)])
         rec = jfr.parse(data, snap)
         a, b = rec.samples
-        assert a == jfr.JfrSample(
+        assert a == JfrSample(
             "jdk.ExecutionSample", "cpu", 20_000_000, B.START_NS + 1000,
             JfrThread(1234, 25, "worker"),
             (Frame("app.Main.spin", "", 42), Frame("app.Main.run", "", 10),
