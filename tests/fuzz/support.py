@@ -11,12 +11,17 @@ Tests take their settings from ``FUZZ`` (not ``load_profile``: other directories
 property tests keep their own). Every decoder call made by a fuzz test is counted
 (``count``); conftest.py prints the totals at the end of the session and writes them down,
 so a run can report how many inputs it executed.
+
+``run_mutants`` is the mutation loop of test_mutations.py and test_jfr.py: seeded mutants
+of a corpus through a check, a failure replayable from its seed.
 """
 
 from __future__ import annotations
 
 import os
+import random
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 from hypothesis import HealthCheck, settings
@@ -41,3 +46,34 @@ INPUTS: Counter[str] = Counter()
 
 def count(decoder: str, n: int = 1) -> None:
     INPUTS[decoder] += n
+
+
+# (random source, an input to mutate, the corpus to splice from) -> a mutant
+Mutator = Callable[[random.Random, bytes, list[bytes]], bytes]
+
+
+def run_mutants(name: str, corpus: list[bytes], mutate: Mutator, run: Callable[[bytes], Any],
+                mutants: int, *, round_robin: bool = False, counted: bool = True) -> None:
+    """``mutants`` mutants of ``corpus`` through ``run``, which raises if one breaks the
+    property it checks. The seed is ``SPANPROF_FUZZ_SEED``, else random; the first failure,
+    of any exception type, becomes an AssertionError naming ``name``, the seed, the
+    mutant's number and its bytes.
+
+    Mutant n is made from ``corpus[n % len(corpus)]`` with ``round_robin`` (each input as
+    often), else from one drawn at random. ``counted``: the inputs are counted under
+    ``name``; False when ``run`` counts its own."""
+    seed = int(os.environ.get("SPANPROF_FUZZ_SEED") or random.randrange(1 << 32))
+    rnd = random.Random(seed)
+    for n in range(mutants):
+        data = mutate(rnd, corpus[n % len(corpus)] if round_robin else rnd.choice(corpus),
+                      corpus)
+        try:
+            run(data)
+        except BaseException as err:
+            if counted:
+                count(name, n + 1)
+            raise AssertionError(f"{name}: mutant {n} of SPANPROF_FUZZ_SEED={seed} "
+                                 f"raised {type(err).__name__}: {err}\n"
+                                 f"input ({len(data)} bytes): {data[:4000]!r}") from err
+    if counted:
+        count(name, mutants)

@@ -27,7 +27,7 @@ from pipeline.pyroscope import jfr, jfrsamples
 from pipeline.pyroscope.jfrlabels import LabelsSnapshot, parse_labels
 from pipeline.pyroscope.jfrpools import JfrThread
 from pipeline.pyroscope.jfrwire import JfrError, Limits
-from tests.fuzz.support import FUZZ, PROFILE, count
+from tests.fuzz.support import FUZZ, PROFILE, count, run_mutants
 from tests.pipeline.pyroscope import jfrbuild as B
 
 DATA = Path(__file__).resolve().parents[1] / "testdata" / "jfr"
@@ -274,28 +274,16 @@ def _mutate(rnd: random.Random, data: bytes, corpus: list[bytes]) -> bytes:
 
 
 class TestMutations:
+    """Byte-level mutants (``_mutate``), made from the corpus round robin; ``check`` and
+    ``check_labels`` count them."""
+
     def test_mutants(self) -> None:
         """Byte-level mutants of every seed: read or refused, never anything else."""
-        seed = int(os.environ.get("SPANPROF_FUZZ_SEED") or random.randrange(2**32))
-        rnd = random.Random(seed)
-        corpus = seeds()
         labels = parse_labels(captured()[0][1])
-        for n in range(MUTANTS):
-            data = _mutate(rnd, corpus[n % len(corpus)], corpus)
-            try:
-                check(data, labels)
-            except AssertionError as err:
-                raise AssertionError(f"SPANPROF_FUZZ_SEED={seed}, mutant {n}: "
-                                     f"{data[:200]!r}...") from err
+        run_mutants("jfr", seeds(), _mutate, lambda data: check(data, labels), MUTANTS,
+                    round_robin=True, counted=False)
 
     def test_label_mutants(self) -> None:
-        seed = int(os.environ.get("SPANPROF_FUZZ_SEED") or random.randrange(2**32))
-        rnd = random.Random(seed)
-        corpus = [lab for _, lab in captured()]
-        for n in range(MUTANTS):
-            data = _mutate(rnd, corpus[n % len(corpus)], corpus)
-            try:
-                check_labels(data)
-            except AssertionError as err:
-                raise AssertionError(f"SPANPROF_FUZZ_SEED={seed}, mutant {n}: "
-                                     f"{data!r}") from err
+        """Byte-level mutants of the captured labels snapshots: read or refused."""
+        run_mutants("jfr_labels", [lab for _, lab in captured()], _mutate, check_labels,
+                    MUTANTS, round_robin=True, counted=False)

@@ -34,7 +34,7 @@ from pipeline.pyroscope import ingest, pprof
 from pipeline.receivers import pyroscope
 from tests.fuzz import strategies as S
 from tests.fuzz.storable import storable
-from tests.fuzz.support import PROFILE, count
+from tests.fuzz.support import PROFILE, run_mutants
 from tests.fuzz.test_decoders import CFG, SMALL, _profiles, _traces
 
 MUTANTS = int(os.environ.get("SPANPROF_FUZZ_MUTATIONS",
@@ -159,17 +159,6 @@ DECODERS: dict[str, tuple[Callable[[], list[bytes]], Callable[[bytes], None]]] =
 @pytest.mark.parametrize("decoder", sorted(DECODERS))
 def test_mutants_refused_or_storable(decoder: str) -> None:
     """Every mutant of a valid input: InvalidData, or storable output. Nothing else."""
-    seed = int(os.environ.get("SPANPROF_FUZZ_SEED", random.randrange(1 << 32)))
-    rnd = random.Random(seed)
     make_corpus, run = DECODERS[decoder]
     corpus = [c for c in make_corpus() if c] or [b"\x00"]
-    for n in range(MUTANTS):
-        data = _mutate(rnd, rnd.choice(corpus), corpus)
-        try:
-            run(data)
-        except BaseException as err:
-            count(decoder, n + 1)
-            raise AssertionError(f"{decoder}: mutant {n} of SPANPROF_FUZZ_SEED={seed} "
-                                 f"raised {type(err).__name__}: {err}\n"
-                                 f"input ({len(data)} bytes): {data[:4000]!r}") from err
-    count(decoder, MUTANTS)
+    run_mutants(decoder, corpus, _mutate, run, MUTANTS)
