@@ -16,11 +16,12 @@ already has under that token, ``insert_deduplication_token``), the records of no
 form new groups. ``open`` does all that before returning: the exporter starts before the
 correlator, whose crash recovery reads what is stored (processors/correlate/recovery.py).
 
-The log is a series of numbered segment files (``queue_log.py`` has their format). A
-record that does not check out ends its segment (a torn write: it was never
-acknowledged). Segments are deleted oldest first once every record and group in them is
-done. ``max_mib`` bounds what is waiting: beyond it ``put`` refuses with a retryable error
-(explicit backpressure), as it does when the disk refuses a write.
+The log is a series of numbered segment files (``queue_log.py`` has their format,
+``queue_replay.py`` reads them back at start). A record that does not check out ends its
+segment (a torn write: it was never acknowledged). Segments are deleted oldest first once
+every record and group in them is done. ``max_mib`` bounds what is waiting: beyond it
+``put`` refuses with a retryable error (explicit backpressure), as it does when the disk
+refuses a write.
 """
 
 from __future__ import annotations
@@ -32,8 +33,6 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import msgspec
-
 from pipeline.errors import Retryable
 from pipeline.exporters.clickhouse.queue_log import (
     DATA,
@@ -42,18 +41,16 @@ from pipeline.exporters.clickhouse.queue_log import (
     Group,
     QueueError,
     Record,
-    Scan,
     Segment,
     encode,
     make_spare,
-    only_zeros,
     open_segment,
     record,
     remove_spares,
     retire,
     segment_path,
-    segments,
 )
+from pipeline.exporters.clickhouse.queue_replay import read_back
 from pipeline.exporters.clickhouse.rows import Columns, extend
 
 SEGMENT_BYTES = 64 << 20
@@ -130,62 +127,15 @@ class SendingQueue:
                                  waited_s=replay_timeout)
 
     def _read_all(self) -> None:
-        done: set[int] = set()
-        groups: dict[int, Group] = {}
-        for number, path in segments(self.directory):
-            seg = Segment(number, path)
-            self._segments.append(seg)
-            with open(path, "rb") as f:
-                data = f.read()
-            scan = Scan(data)
-            try:
-                for kind, payload, size in scan:
-                    self._apply(kind, payload, seg, size, groups, done)
-            except (msgspec.DecodeError, ValueError, TypeError, KeyError) as err:
-                raise QueueError(f"{path}: record at byte {scan.end} cannot be read: "
-                                 f"{err}") from err
-            at = scan.end
-            if at != len(data) and not only_zeros(data, at):
-                self.log.warning("queue_torn_tail", segment=path, offset=at,
-                                 dropped_bytes=len(data) - at)
-                with open(path, "r+b") as f:
-                    f.truncate(at)
-        for gid in done:
-            g = groups.pop(gid, None)
-            if g is not None:
-                for s in g.seqs:
-                    self._forget(s)
-        for g in sorted(groups.values(), key=lambda g: g.gid):
-            seqs = [s for s in g.seqs if s in self._records]
-            if seqs:
-                self._groups.append(Group(g.gid, seqs, g.token, g.segment))
-                for s in seqs:
-                    self._group_of[s] = g.gid
-                self._segment(g.segment).pending += 1
+        r = read_back(self.directory, self.log)
+        self._segments, self._records, self._groups = r.segments, r.records, r.groups
+        self._next_seq, self._next_gid = r.next_seq, r.next_gid
+        self._group_of = {s: g.gid for g in r.groups for s in g.seqs}
+        self.waiting_bytes = sum(rec.size for rec in r.records.values())
+        self.waiting_rows = sum(rec.rows for rec in r.records.values())
         self._wake.set()
         # segments that hold nothing waiting go at once
         self._delete_done_segments(keep_current=False)
-
-    def _apply(self, kind: int, p: Any, seg: Segment, size: int, groups: dict[int, Group],
-               done: set[int]) -> None:
-        if kind == DATA:
-            seq, token, rows, stacks, tables = p
-            self._records[seq] = Record(seq, tables, rows, set(stacks), token, size, seg.number)
-            seg.pending += 1
-            self.waiting_bytes += size
-            self.waiting_rows += rows
-            self._next_seq = max(self._next_seq, seq + 1)
-        elif kind == GROUP:
-            gid, seqs, token = p
-            groups[gid] = Group(gid, list(seqs), token, seg.number)
-            self._next_gid = max(self._next_gid, gid + 1)
-            self._next_seq = max(self._next_seq, max(seqs, default=0) + 1)
-        elif kind == DONE:
-            done.add(p)
-            # numbers are never used twice while a record names them
-            self._next_gid = max(self._next_gid, p + 1)
-        else:
-            raise ValueError(f"unknown record kind {kind}")
 
     def _forget(self, seq: int) -> None:
         r = self._records.pop(seq, None)

@@ -1,0 +1,95 @@
+"""Reading the sending queue's log back at start (``queue.py``): what waits, and how.
+
+Every segment is scanned in order (``queue_log.Scan``). What comes out is the records not
+yet in ClickHouse, the groups logged before a crash that are not done (each to be
+inserted again as it was, under its token, with those of its records still waiting), each
+segment's count of what it holds that is not done, and the next free sequence and group
+numbers. A torn tail (a record the process died writing, never acknowledged) is reported
+and cut off; a spare's zeros after the last record are not a tear.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from pipeline.exporters.clickhouse.queue_log import (
+    DATA,
+    DONE,
+    GROUP,
+    Group,
+    QueueError,
+    Record,
+    Scan,
+    Segment,
+    only_zeros,
+    segments,
+)
+
+
+@dataclass
+class Replay:
+    segments: list[Segment] = field(default_factory=list)
+    records: dict[int, Record] = field(default_factory=dict)  # by sequence number
+    groups: list[Group] = field(default_factory=list)  # not done, by group number
+    next_seq: int = 1
+    next_gid: int = 1
+
+
+def read_back(directory: str, log: Any) -> Replay:
+    out = Replay()
+    logged: dict[int, Group] = {}
+    done: set[int] = set()
+    for number, path in segments(directory):
+        seg = Segment(number, path)
+        out.segments.append(seg)
+        with open(path, "rb") as f:
+            data = f.read()
+        scan = Scan(data)
+        try:
+            for kind, payload, size in scan:
+                _apply(out, kind, payload, seg, size, logged, done)
+        except (msgspec.DecodeError, ValueError, TypeError, KeyError) as err:
+            raise QueueError(f"{path}: record at byte {scan.end} cannot be read: "
+                             f"{err}") from err
+        at = scan.end
+        if at != len(data) and not only_zeros(data, at):
+            log.warning("queue_torn_tail", segment=path, offset=at,
+                        dropped_bytes=len(data) - at)
+            with open(path, "r+b") as f:
+                f.truncate(at)
+    by_number = {s.number: s for s in out.segments}
+    for gid in done:
+        g = logged.pop(gid, None)
+        if g is not None:
+            for s in g.seqs:
+                if (r := out.records.pop(s, None)) is not None:
+                    by_number[r.segment].pending -= 1
+    for g in sorted(logged.values(), key=lambda g: g.gid):
+        seqs = [s for s in g.seqs if s in out.records]
+        if seqs:
+            out.groups.append(Group(g.gid, seqs, g.token, g.segment))
+            by_number[g.segment].pending += 1
+    return out
+
+
+def _apply(out: Replay, kind: int, p: Any, seg: Segment, size: int,
+           logged: dict[int, Group], done: set[int]) -> None:
+    if kind == DATA:
+        seq, token, rows, stacks, tables = p
+        out.records[seq] = Record(seq, tables, rows, set(stacks), token, size, seg.number)
+        seg.pending += 1
+        out.next_seq = max(out.next_seq, seq + 1)
+    elif kind == GROUP:
+        gid, seqs, token = p
+        logged[gid] = Group(gid, list(seqs), token, seg.number)
+        out.next_gid = max(out.next_gid, gid + 1)
+        out.next_seq = max(out.next_seq, max(seqs, default=0) + 1)
+    elif kind == DONE:
+        done.add(p)
+        # numbers are never used twice while a record names them
+        out.next_gid = max(out.next_gid, p + 1)
+    else:
+        raise ValueError(f"unknown record kind {kind}")
