@@ -43,11 +43,7 @@ from pipeline.exporters.clickhouse.queue_log import (
     Record,
     Segment,
     encode,
-    make_spare,
-    open_segment,
     record,
-    remove_spares,
-    retire,
     segment_path,
 )
 from pipeline.exporters.clickhouse.queue_replay import read_back
@@ -71,10 +67,6 @@ class SendingQueue:
         self.log = log
         self.metric = metric
         self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="queue-fsync")
-        # zero-filled spare segments are written on a thread of their own: tens of MiB
-        # must never sit in front of an acknowledgement's fdatasync
-        self._spare_io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="queue-spare")
-        self._retiring: list[int] = []  # full segments' fds (-1: a new name) to sync
         self._records: dict[int, Record] = {}  # waiting, by sequence number (in order)
         self._groups: list[Group] = []  # logged, not done (from before a crash)
         self._group_of: dict[int, int] = {}  # seq -> gid, for logged groups
@@ -107,7 +99,6 @@ class SendingQueue:
         batches."""
         try:
             os.makedirs(self.directory, exist_ok=True)
-            remove_spares(self.directory)  # perhaps half-written when the process died
             await asyncio.get_running_loop().run_in_executor(self._io, self._read_all)
             self._new_segment()
         except OSError as err:
@@ -154,41 +145,23 @@ class SendingQueue:
     # ---- appending -----------------------------------------------------------------------
 
     def _new_segment(self) -> None:
-        # what the full segment holds stays covered when appends move on: the next fsync
-        # syncs and closes it, and the directory (the new name), before the new segment
-        self._retiring.append(self._fd)
+        if self._fd >= 0:
+            os.fsync(self._fd)  # what it holds stays covered when appends move on
+            os.close(self._fd)
         number = self._segments[-1].number + 1 if self._segments else 1
-        self._fd, _ = open_segment(self.directory, number)
+        path = segment_path(self.directory, number)
+        # O_APPEND: after a refused write is cut off (ftruncate), the next one goes at the
+        # end of what is good, never past a hole
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o600)
         self._offset = 0
-        self._segments.append(Segment(number, segment_path(self.directory, number)))
-        self._spare_io.submit(make_spare, self.directory, SEGMENT_BYTES,
-                              f"{os.getpid()}-{id(self)}").add_done_callback(self._spare_made)
-
-    def _spare_made(self, fut: Any) -> None:
-        if not fut.cancelled() and (err := fut.exception()) is not None:
-            # the next segment is then a file that grows: slower fsyncs, nothing lost
-            self.log.warning("queue_spare_failed", directory=self.directory, error=str(err))
-
-    def _sync_files(self, retiring: list[int], fd: int) -> None:
-        for i, old in enumerate(retiring):
-            try:
-                retire(old, self.directory)
-            except OSError:
-                for left in retiring[i + 1:]:
-                    if left >= 0:
-                        os.close(left)
-                raise
-        if fd >= 0:
-            os.fdatasync(fd)  # the records' pages only: appends change no size (a spare)
+        self._segments.append(Segment(number, path))
 
     def _append(self, kind: int, payload: bytes) -> int:
         rec = record(kind, payload)
         if self._offset + len(rec) > SEGMENT_BYTES and self._offset > 0:
             self._new_segment()
         try:
-            # at the end of what is good, in the spare's zeros; after a refused write is
-            # cut off (ftruncate), the next one goes there too, never past a hole
-            n = os.pwrite(self._fd, rec, self._offset)
+            n = os.write(self._fd, rec)
             if n != len(rec):
                 raise OSError(f"short write ({n} of {len(rec)} bytes)")
         except OSError:
@@ -207,10 +180,8 @@ class SendingQueue:
 
     async def _fsync(self) -> None:
         upto, fd = self._written, self._fd
-        retiring, self._retiring = self._retiring, []
         try:
-            await asyncio.get_running_loop().run_in_executor(self._io, self._sync_files,
-                                                             retiring, fd)
+            await asyncio.get_running_loop().run_in_executor(self._io, os.fsync, fd)
             self._synced = max(self._synced, upto)
         finally:
             self._sync_task = None
@@ -383,12 +354,9 @@ class SendingQueue:
             if self._records:
                 self.log.warning("queue_left_for_next_start", records=len(self._records),
                                  bytes=self.waiting_bytes, directory=self.directory)
-        self._spare_io.shutdown(wait=True, cancel_futures=True)
-        retiring, self._retiring = self._retiring, []
-        self._sync_files(retiring, self._fd)
         if self._fd >= 0:
+            os.fsync(self._fd)
             os.close(self._fd)
             self._fd = -1
         self._io.shutdown(wait=True)
-        remove_spares(self.directory)
 

@@ -9,13 +9,6 @@ length and crc32 cover kind and payload, and the payload is msgpack:
 
 A record that does not check out (cut short, or a crc that does not match) ends what is
 read of its segment: a write the process died in, never acknowledged.
-
-A segment starts as a *spare*: a file of zeros made ahead in the background, written out and
-fsynced, then renamed into place when the previous segment is full. Records overwrite its
-zeros, so an append changes no file size and no block map, and ``fdatasync`` has only the
-record's own pages to write: no journal commit, which on ext4 would also wait for every
-other file's dirty data (ClickHouse writing its parts beside us). A zero length ends the
-scan as any record that does not check out does.
 """
 
 from __future__ import annotations
@@ -56,69 +49,6 @@ def segments(directory: str) -> list[tuple[int, str]]:
 
 def segment_path(directory: str, number: int) -> str:
     return os.path.join(directory, f"{number:012d}.log")
-
-
-SPARE = "spare.seg"  # the next segment, zeros; never read as a segment (no .log)
-
-
-def make_spare(directory: str, size: int, tag: str) -> None:
-    """Write ``size`` zero bytes to a new file and fsync it, then rename it to the spare.
-    ``tag`` keeps the half-written file of one queue apart from another's."""
-    part = os.path.join(directory, f"{SPARE}.{tag}.part")
-    fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        zeros = bytes(min(size, 1 << 20))
-        left = size
-        while left > 0:
-            left -= os.write(fd, zeros[:left])
-        os.fsync(fd)
-    except BaseException:
-        os.close(fd)
-        os.unlink(part)
-        raise
-    os.close(fd)
-    os.rename(part, os.path.join(directory, SPARE))
-
-
-def remove_spares(directory: str) -> None:
-    for name in os.listdir(directory):
-        if name.startswith(SPARE):
-            try:
-                os.unlink(os.path.join(directory, name))
-            except FileNotFoundError:
-                pass
-
-
-def open_segment(directory: str, number: int) -> tuple[int, bool]:
-    """Open segment ``number`` for writing: the spare renamed into place if there is one
-    (True), else a new empty file. The directory entry is made durable by ``sync_dir``."""
-    path = segment_path(directory, number)
-    try:
-        os.rename(os.path.join(directory, SPARE), path)
-        return os.open(path, os.O_WRONLY), True
-    except FileNotFoundError:
-        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), False
-
-
-def retire(fd: int, directory: str) -> None:
-    """Once appends have moved to a new segment: make what ``fd`` (the old one, or -1)
-    holds durable and close it, and the directory entries (the new segment's name)."""
-    if fd >= 0:
-        try:
-            os.fdatasync(fd)
-        finally:
-            os.close(fd)
-    dfd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
-
-
-def only_zeros(data: bytes, at: int) -> bool:
-    """Whether what follows the last good record is a spare's untouched zeros (not a torn
-    write)."""
-    return data.count(0, at) == len(data) - at
 
 
 class Scan:

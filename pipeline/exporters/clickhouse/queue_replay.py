@@ -5,7 +5,7 @@ yet in ClickHouse, the groups logged before a crash that are not done (each to b
 inserted again as it was, under its token, with those of its records still waiting), each
 segment's count of what it holds that is not done, and the next free sequence and group
 numbers. A torn tail (a record the process died writing, never acknowledged) is reported
-and cut off; a spare's zeros after the last record are not a tear.
+and cut off.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from pipeline.exporters.clickhouse.queue_log import (
     Record,
     Scan,
     Segment,
-    only_zeros,
     segments,
 )
 
@@ -55,7 +54,7 @@ def read_back(directory: str, log: Any) -> Replay:
             raise QueueError(f"{path}: record at byte {scan.end} cannot be read: "
                              f"{err}") from err
         at = scan.end
-        if at != len(data) and not only_zeros(data, at):
+        if at != len(data):
             log.warning("queue_torn_tail", segment=path, offset=at,
                         dropped_bytes=len(data) - at)
             with open(path, "r+b") as f:

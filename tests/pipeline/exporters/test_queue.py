@@ -14,7 +14,6 @@ import pytest
 from pipeline.errors import Retryable
 from pipeline.exporters.clickhouse import queue as q
 from pipeline.exporters.clickhouse.queue import SendingQueue
-from pipeline.exporters.clickhouse.queue_log import SPARE
 
 
 class Log:
@@ -142,7 +141,7 @@ class TestQueue:
         await qu.open(replay_timeout=1)
         await qu.put(batch(7), 1, set(), None)
         crash(qu)
-        (seg,) = sorted((tmp_path / "queue").glob("*.log"))
+        (seg,) = sorted((tmp_path / "queue").iterdir())
         seg.write_bytes(seg.read_bytes() + b"\x40\x00\x00\x00garbage")
         store.refuse = 0
         again = make(tmp_path, store)
@@ -171,15 +170,15 @@ class TestQueue:
         store = Store()
         qu = make(tmp_path, store)
         await qu.open(replay_timeout=1)
-        real = os.pwrite
+        real = os.write
 
-        def full(fd: int, data: bytes, offset: int) -> int:
+        def full(fd: int, data: bytes) -> int:
             raise OSError(28, "No space left on device")
 
-        monkeypatch.setattr(q.os, "pwrite", full)
+        monkeypatch.setattr(q.os, "write", full)
         with pytest.raises(Retryable, match="No space left"):
             await qu.put(batch(5), 1, set(), None)
-        monkeypatch.setattr(q.os, "pwrite", real)
+        monkeypatch.setattr(q.os, "write", real)
         await qu.put(batch(6), 1, set(), None)
         await asyncio.wait_for(qu.wait_empty(), 2)
         assert store.values() == [6]
@@ -198,15 +197,15 @@ class TestQueue:
         qu = make(tmp_path, store)
         await qu.open(replay_timeout=1)
         await qu.put(batch(1), 1, set(), None)
-        real = os.pwrite
+        real = os.write
 
-        def half(fd: int, data: bytes, offset: int) -> int:
-            return real(fd, data[:len(data) // 2], offset)
+        def half(fd: int, data: bytes) -> int:
+            return real(fd, data[:len(data) // 2])
 
-        monkeypatch.setattr(q.os, "pwrite", half)
+        monkeypatch.setattr(q.os, "write", half)
         with pytest.raises(Retryable, match="short write"):
             await qu.put(batch(2), 1, set(), None)
-        monkeypatch.setattr(q.os, "pwrite", real)
+        monkeypatch.setattr(q.os, "write", real)
         await qu.put(batch(3), 1, set(), None)
         crash(qu)
         store.refuse = 0
@@ -251,77 +250,3 @@ class TestQueue:
         await qu.close(within=1)
         assert len(store.values()) == 200
         assert len(os.listdir(tmp_path / "queue")) <= 1
-
-
-def size_of(path: Path) -> int:
-    return path.stat().st_size
-
-
-def write_at(path: Path, offset: int, data: bytes) -> None:
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        f.write(data)
-
-
-async def spare_ready(directory: Path) -> None:
-    for _ in range(500):
-        if (directory / SPARE).exists():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("no spare segment was made")
-
-
-class TestSpareSegments:
-    """Segments after the first are spares, zeros written ahead: records overwrite them, so
-    appends grow no file; the zeros after the last record end the log without a warning,
-    and a torn record in them is a torn tail like any other."""
-
-    async def fill_two_segments(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                store: Store) -> tuple[SendingQueue, Path]:
-        monkeypatch.setattr(q, "SEGMENT_BYTES", 4096)
-        qu = make(tmp_path, store)
-        await qu.open(replay_timeout=1)
-        v = 0
-        while len(qu._segments) < 2:  # the first one fills, the spare takes over
-            await spare_ready(tmp_path / "queue")
-            await qu.put(batch(*range(v, v + 20)), 20, set(), None)
-            v += 20
-        await qu.put(batch(v), 1, set(), None)
-        second = Path(qu._segments[-1].path)
-        assert size_of(second) == 4096  # written into, not grown
-        return qu, second
-
-    async def test_zeros_end_the_log_quietly(self, tmp_path: Path,
-                                             monkeypatch: pytest.MonkeyPatch) -> None:
-        store = Store()
-        store.refuse = 10 ** 6  # nothing inserted before the crash: all from the log
-        qu, _ = await self.fill_two_segments(tmp_path, monkeypatch, store)
-        logged = sorted(v for r in qu._records.values() for v in r.tables["t"]["v"])
-        crash(qu)
-        store.refuse = 0
-        again = make(tmp_path, store)
-        await again.open(replay_timeout=2)
-        assert sorted(store.values()) == logged
-        assert isinstance(again.log, Log)
-        assert not [e for e, _ in again.log.events if e == "queue_torn_tail"]
-        await again.close(within=1)
-        assert not list((tmp_path / "queue").glob(SPARE + "*"))  # close leaves no spare
-
-    async def test_a_torn_record_in_the_zeros_is_a_torn_tail(
-            self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-        store = Store()
-        store.refuse = 10 ** 6
-        qu, second = await self.fill_two_segments(tmp_path, monkeypatch, store)
-        logged = sorted(v for r in qu._records.values() for v in r.tables["t"]["v"])
-        end = qu._offset
-        crash(qu)
-        # half a record where the next one would have gone
-        write_at(second, end, b"\x40\x00\x00\x00\x12\x34\x56\x78\x01garbage")
-        store.refuse = 0
-        again = make(tmp_path, store)
-        await again.open(replay_timeout=2)
-        assert sorted(store.values()) == logged
-        assert isinstance(again.log, Log)
-        torn = [kw for e, kw in again.log.events if e == "queue_torn_tail"]
-        assert torn and torn[0]["offset"] == end
-        await again.close(within=1)
