@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import json
 import os
+import ssl
 import sys
 import urllib.error
 import urllib.parse
@@ -31,6 +32,8 @@ from pipeline.log import configure, redact
 from pipeline.registry import default_factories
 
 DEFAULT_ADMIN = os.environ.get("SPANPROF_ADMIN", "http://127.0.0.1:13133")
+# the CA that signed an https admin API's certificate (default: the system's store)
+DEFAULT_CACERT = os.environ.get("SPANPROF_CACERT") or None
 
 
 def _config_errors(err: ConfigError) -> int:
@@ -89,7 +92,12 @@ def _get(args: argparse.Namespace, path: str, params: dict[str, Any]) -> Any:
     q = urllib.parse.urlencode({k: v for k, v in params.items() if v is not None})
     url = f"{args.admin.rstrip('/')}{path}" + (f"?{q}" if q else "")
     try:
-        with urllib.request.urlopen(url, timeout=30) as resp:
+        context = ssl.create_default_context(cafile=args.cacert) \
+            if url.startswith("https:") else None
+    except (OSError, ssl.SSLError) as err:
+        raise SystemExit(f"error: --cacert {args.cacert}: {err}") from None
+    try:
+        with urllib.request.urlopen(url, timeout=30, context=context) as resp:
             return json.loads(resp.read())
     except urllib.error.HTTPError as err:
         try:
@@ -261,6 +269,8 @@ def parser() -> argparse.ArgumentParser:
     for name, helptext in (("top", "spans by CPU or duration"), ("explain", "one trace")):
         c = sub.add_parser(name, help=helptext)
         c.add_argument("--admin", default=DEFAULT_ADMIN, help="admin API of `spanprof run`")
+        c.add_argument("--cacert", default=DEFAULT_CACERT,
+                       help="CA file for an https admin API (SPANPROF_CACERT)")
         c.add_argument("--method", default="exact",
                        help="rows to add up: exact (link, link+time; the default), all, or "
                             "a comma-separated list of link, link+time, link+share, thread, window")
@@ -282,6 +292,8 @@ def parser() -> argparse.ArgumentParser:
     f = sub.add_parser("flamegraph", help="an SVG flame graph of a span or an operation")
     for c in (h, d, f):
         c.add_argument("--admin", default=DEFAULT_ADMIN, help="admin API of `spanprof run`")
+        c.add_argument("--cacert", default=DEFAULT_CACERT,
+                       help="CA file for an https admin API (SPANPROF_CACERT)")
         c.add_argument("--method", default="exact", help=method_help)
     for c in (h, d):
         c.add_argument("--service", required=True)

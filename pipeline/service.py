@@ -31,7 +31,7 @@ class Service:
         self.loop_lag = LoopLag()
         self.admin = AdminServer(admin.endpoint, self.graph, admin.query_exporter,
                                  limits=ServerLimits.of(admin),
-                                 loop_lag=self.loop_lag) if admin.enabled else None
+                                 loop_lag=self.loop_lag, tls=admin.tls) if admin.enabled else None
         self.log = structlog.get_logger().bind(component="service")
         self._stop = asyncio.Event()
 

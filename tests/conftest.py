@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -112,6 +113,8 @@ class SpanprofProcess:
         self.config.write_text(text)
         self.log_path = tmp / "spanprof.log"
         self.proc: subprocess.Popen[bytes] | None = None
+        # set when the admin API is served over TLS: https, verified with this context
+        self.admin_ssl: ssl.SSLContext | None = None
 
     @property
     def grpc_target(self) -> str:
@@ -127,7 +130,8 @@ class SpanprofProcess:
 
     @property
     def admin(self) -> str:
-        return f"http://127.0.0.1:{self.admin_port}"
+        scheme = "https" if self.admin_ssl is not None else "http"
+        return f"{scheme}://127.0.0.1:{self.admin_port}"
 
     def start(self, timeout: float = 60.0) -> None:
         _STARTED.append(self)
@@ -152,7 +156,8 @@ class SpanprofProcess:
         raise AssertionError(f"spanprof did not become healthy:\n{self.logs()}")
 
     def get(self, path: str) -> Any:
-        with urllib.request.urlopen(self.admin + path, timeout=10) as resp:
+        with urllib.request.urlopen(self.admin + path, timeout=10,
+                                    context=self.admin_ssl) as resp:
             return json.loads(resp.read())
 
     def logs(self) -> str:

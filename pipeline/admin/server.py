@@ -34,10 +34,12 @@ import structlog
 from aiohttp import web
 
 from pipeline.admin import queries
+from pipeline.config.tls import TlsConfig
 from pipeline.graph import Graph
 from pipeline.log import redact
 from pipeline.looplag import LoopLag
 from pipeline.receivers.http import ServerLimits, serve
+from pipeline.tls import ServerTls
 
 MAX_LIMIT = 10_000
 MAX_TEXT = 1024  # characters in a service or operation name
@@ -54,8 +56,11 @@ def _error(status: int, message: str) -> web.Response:
 
 class AdminServer:
     def __init__(self, endpoint: str, graph: Graph, query_exporter: str = "",
-                 limits: ServerLimits | None = None, loop_lag: LoopLag | None = None) -> None:
+                 limits: ServerLimits | None = None, loop_lag: LoopLag | None = None,
+                 tls: TlsConfig | None = None) -> None:
         self.endpoint = endpoint
+        self.tls = ServerTls(tls, "service.admin.tls", structlog.get_logger().bind(
+            component="admin")) if tls is not None else None
         self.loop_lag = loop_lag
         self.limits = limits or ServerLimits()
         self.guard_metrics: Counter[str] = Counter()  # the listener's guards
@@ -79,12 +84,18 @@ class AdminServer:
         app.router.add_get("/api/v1/diff", self.diff)
         app.router.add_get("/api/v1/stacks", self.stacks)
         host, _, port = self.endpoint.rpartition(":")
-        self._runner, self.port = await serve(app, f"{host or '127.0.0.1'}:{port}",
-                                              "service.admin.endpoint", self.limits,
-                                              self.guard_metrics, self.log)
-        self.log.info("admin_listening", endpoint=self.endpoint, port=self.port)
+        self._runner, self.port = await serve(
+            app, f"{host or '127.0.0.1'}:{port}", "service.admin.endpoint", self.limits,
+            self.guard_metrics, self.log,
+            ssl_context=self.tls.ssl_context() if self.tls is not None else None)
+        if self.tls is not None:
+            self.tls.start()
+        self.log.info("admin_listening", endpoint=self.endpoint, port=self.port,
+                      tls=self.tls is not None)
 
     async def shutdown(self) -> None:
+        if self.tls is not None:
+            await self.tls.stop()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None

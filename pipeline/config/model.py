@@ -12,6 +12,7 @@ from typing import Any, Literal
 import msgspec
 
 from pipeline.config.ranges import Duration, PositiveInt, check_endpoint
+from pipeline.config.tls import TlsConfig
 
 
 class PipelineConfig(msgspec.Struct, forbid_unknown_fields=True):
@@ -42,10 +43,13 @@ class AdminConfig(msgspec.Struct, forbid_unknown_fields=True):
     read_timeout: Duration = 30.0  # type: ignore[assignment]
     idle_timeout: Duration = 60.0  # type: ignore[assignment]
     max_connections: PositiveInt = 1000
+    tls: TlsConfig | None = None  # pipeline/tls.py
 
     def validate(self) -> None:
         if self.enabled:
             check_endpoint(self.endpoint)
+            if self.tls is not None:
+                self.tls.validate("tls")
 
 
 class ServiceConfig(msgspec.Struct, forbid_unknown_fields=True):

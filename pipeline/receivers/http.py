@@ -24,6 +24,7 @@ handler returns.
 from __future__ import annotations
 
 import asyncio
+import ssl
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -258,8 +259,8 @@ class _GuardedSite(web.TCPSite):
     makes plain ``RequestHandler``s)."""
 
     def __init__(self, runner: web.AppRunner, host: str, port: int, listener: _Listener,
-                 auto_decompress: bool) -> None:
-        super().__init__(runner, host, port)
+                 auto_decompress: bool, ssl_context: ssl.SSLContext | None = None) -> None:
+        super().__init__(runner, host, port, ssl_context=ssl_context)
         self._listener = listener
         self._auto_decompress = auto_decompress
 
@@ -275,18 +276,20 @@ class _GuardedSite(web.TCPSite):
                 manager, listener=lst, loop=loop, access_log=None,
                 keepalive_timeout=lst.limits.idle_timeout, lingering_time=LINGER_S,
                 auto_decompress=auto)
+        # with TLS, a client that fails its handshake (plain text, no certificate under
+        # mTLS) is disconnected by asyncio; the listener goes on
         self._server = await loop.create_server(protocol, self._host, self._port,
-                                                backlog=self._backlog)
+                                                backlog=self._backlog, ssl=self._ssl_context)
 
 
 async def serve(app: web.Application, endpoint: str, where: str,
                 limits: ServerLimits | None = None, metrics: Counter[str] | None = None,
-                log: Any = None, auto_decompress: bool = True
-                ) -> tuple[web.AppRunner, int]:
+                log: Any = None, auto_decompress: bool = True,
+                ssl_context: ssl.SSLContext | None = None) -> tuple[web.AppRunner, int]:
     """Start ``app`` on ``endpoint`` (port 0 picks a free one) behind ``limits``; return the
     runner and port. ``where`` is the config key named when the port cannot be bound;
     guard counters go to ``metrics``. ``auto_decompress=False`` leaves gzip bodies to
-    ``read_body`` (which counts the bytes as sent)."""
+    ``read_body`` (which counts the bytes as sent). ``ssl_context``: TLS (pipeline/tls.py)."""
     log = log or structlog.get_logger()
     app.middlewares.append(_track)  # first: the body's clock starts before anything else
     app.middlewares.append(_faults(log))
@@ -295,7 +298,7 @@ async def serve(app: web.Application, endpoint: str, where: str,
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     host, _, port = endpoint.rpartition(":")
-    site = _GuardedSite(runner, host, int(port), listener, auto_decompress)
+    site = _GuardedSite(runner, host, int(port), listener, auto_decompress, ssl_context)
     try:
         await site.start()
     except OSError as err:

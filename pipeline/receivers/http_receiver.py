@@ -12,6 +12,7 @@ from aiohttp import web
 from pipeline.receivers.http import ServerLimits, app_for, serve
 from pipeline.receivers.idempotency import RecentRequests, preload_recent, request_key
 from pipeline.registry import Context
+from pipeline.tls import ServerTls
 
 
 class HttpReceiver:
@@ -32,6 +33,7 @@ class HttpReceiver:
         self.limits = ServerLimits.of(cfg)
         self._runner: web.AppRunner | None = None
         self.port: int | None = None
+        self.tls: ServerTls | None = None
         # resent requests delivered once; clients not kept waiting on a failing store
         self.recent = RecentRequests(stalled=getattr(ctx.store, "stalled", None))
 
@@ -54,12 +56,21 @@ class HttpReceiver:
         await preload_recent(self.recent, self.ctx, self.log)
         app = app_for(self.cfg.max_decompressed_bytes)
         self.routes(app)
+        key = f"receivers.{self.ctx.id}.{self.endpoint_key}"
+        if self.cfg.tls is not None:
+            self.tls = ServerTls(self.cfg.tls, key.removesuffix("endpoint") + "tls", self.log)
         self._runner, self.port = await serve(
-            app, self.cfg.endpoint, f"receivers.{self.ctx.id}.{self.endpoint_key}",
-            self.limits, self.metrics, self.log, auto_decompress=False)
-        self.log.info(f"{self.event}_listening", endpoint=self.cfg.endpoint, port=self.port)
+            app, self.cfg.endpoint, key, self.limits, self.metrics, self.log,
+            auto_decompress=False,
+            ssl_context=self.tls.ssl_context() if self.tls is not None else None)
+        if self.tls is not None:
+            self.tls.start()
+        self.log.info(f"{self.event}_listening", endpoint=self.cfg.endpoint, port=self.port,
+                      tls=self.tls is not None)
 
     async def shutdown(self) -> None:
+        if self.tls is not None:
+            await self.tls.stop()
         if self._runner is not None:
             await self._runner.cleanup()  # finishes requests in flight
             self._runner = None

@@ -54,6 +54,7 @@ from pipeline.config import (
     PositiveInt32,
     check_endpoint,
 )
+from pipeline.config.tls import TlsConfig
 from pipeline.errors import ConfigError, InvalidData, Retryable, TooLarge
 from pipeline.otlp.bounds import RecordsLimit
 from pipeline.otlp.profiles import decode_profiles
@@ -61,6 +62,7 @@ from pipeline.otlp.traces import decode_traces
 from pipeline.receivers.idempotency import RecentRequests, preload_recent, request_key
 from pipeline.receivers.limits import check_items, count_items
 from pipeline.registry import Context
+from pipeline.tls import ServerTls
 
 
 def retry_trailers(message: str, delay_s: float) -> tuple[tuple[str, bytes], ...]:
@@ -110,9 +112,12 @@ class GrpcConfig(msgspec.Struct, forbid_unknown_fields=True):
     keepalive_timeout: Duration = Duration(20.0)      # ... drop it if no answer by then
     max_spans_per_request: PositiveInt = 100_000
     max_samples_per_request: RecordsLimit = 1_000_000  # at most 2^21
+    tls: TlsConfig | None = None                      # pipeline/tls.py
 
     def validate(self, key: str) -> None:
         check_endpoint(self.endpoint, f"{key}.endpoint")
+        if self.tls is not None:
+            self.tls.validate(f"{key}.tls", grpc_listener=True)
         if self.max_recv_msg_size_mib < 1:
             raise ConfigError(f"{key}.max_recv_msg_size_mib: must be at least 1")
 
@@ -125,6 +130,7 @@ class GrpcServer:
         self.server: grpc.aio.Server | None = None
         self.port: int | None = None
         self.metrics: Counter[str] = Counter()
+        self.tls: ServerTls | None = None
         self._stopped = False
         self._in_flight = 0
         # resent requests delivered once; clients not kept waiting on a failing store
@@ -155,12 +161,19 @@ class GrpcServer:
                 self._export_profiles)
         self.server.add_generic_rpc_handlers([_Handlers(handlers)])
         try:
-            self.port = self.server.add_insecure_port(g.endpoint)
+            if g.tls is not None:
+                self.tls = ServerTls(g.tls, f"receivers.{self.ctx.id}.protocols.grpc.tls",
+                                     self.log)
+                self.port = self.server.add_secure_port(g.endpoint, _credentials(self.tls))
+                self.tls.start()
+            else:
+                self.port = self.server.add_insecure_port(g.endpoint)
         except RuntimeError as err:
             raise ConfigError(f"receivers.{self.ctx.id}.protocols.grpc.endpoint: cannot listen "
                               f"on {g.endpoint}: {err}") from None
         await self.server.start()
-        self.log.info("otlp_grpc_listening", endpoint=g.endpoint, port=self.port)
+        self.log.info("otlp_grpc_listening", endpoint=g.endpoint, port=self.port,
+                      tls=self.tls is not None)
 
     async def _deliver(self, signal: str, batch: Any, context: grpc.aio.ServicerContext,
                        key: int) -> None:
@@ -238,9 +251,26 @@ class GrpcServer:
         if self._stopped:
             return
         self._stopped = True
+        if self.tls is not None:
+            await self.tls.stop()
         if self.server is not None:
             await self.server.stop(grace=30.0)
             self.log.info("otlp_grpc_stopped", **dict(self.metrics))
+
+
+def _credentials(tls: ServerTls) -> grpc.ServerCredentials:
+    """grpc's dynamic credentials: its fetcher, called on a grpc thread at each handshake,
+    returns a reload's certificates once (None keeps the last ones)."""
+    def config(files: tuple[bytes, bytes, bytes | None]) -> Any:
+        key, cert, ca = files
+        return grpc.ssl_server_certificate_configuration([(key, cert)], root_certificates=ca)
+
+    def fetch() -> Any:
+        nxt = tls.take_update()
+        return None if nxt is None else config(nxt)
+
+    return grpc.dynamic_ssl_server_credentials(config(tls.files()), fetch,
+                                               require_client_authentication=tls.mtls)
 
 
 class _Handlers(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc ships no stubs

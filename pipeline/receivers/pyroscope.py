@@ -43,6 +43,7 @@ from aiohttp import web
 from google.protobuf.message import DecodeError
 
 from pipeline.config import Duration, PositiveInt, check_endpoint
+from pipeline.config.tls import TlsConfig
 from pipeline.errors import InvalidData, Retryable, TooLarge
 from pipeline.otlp.bounds import RecordsLimit
 from pipeline.otlp.common import UNKNOWN_SERVICE
@@ -80,9 +81,12 @@ class Config(msgspec.Struct, forbid_unknown_fields=True):
     read_timeout: Duration = Duration(30.0)
     idle_timeout: Duration = Duration(60.0)
     max_connections: PositiveInt = 1000
+    tls: TlsConfig | None = None  # pipeline/tls.py
 
     def validate(self) -> None:
         check_endpoint(self.endpoint)
+        if self.tls is not None:
+            self.tls.validate("tls")
 
     @property
     def limits(self) -> pprof.Limits:
