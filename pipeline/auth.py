@@ -57,6 +57,7 @@ import yaml
 
 from pipeline.config.ranges import Duration
 from pipeline.errors import ConfigError, InvalidData
+from pipeline.registry import Context, Factory
 
 DEFAULT_TENANT = "default"
 # \Z, not $: `$` also matches before a final newline, so "team-a\n" would pass re.match
@@ -91,12 +92,6 @@ class AuthConfig(msgspec.Struct, forbid_unknown_fields=True):
         problems += collect_tokens(self, key, _sha256)[1]
         if problems:
             raise ConfigError(problems)
-
-
-class ReceiverAuth(msgspec.Struct, forbid_unknown_fields=True):
-    """A receiver protocol's ``auth:`` key: which extension checks its requests."""
-
-    authenticator: str
 
 
 class _Entry(NamedTuple):
@@ -388,3 +383,12 @@ def redact_token(token: str) -> str:
     shown = token[:4] if len(token) >= MIN_TOKEN_LEN else ""
     shown = "".join(c if c.isascii() and c.isprintable() else "?" for c in shown)
     return f"{shown}…({len(token)} chars)"
+
+
+def _create(cfg: AuthConfig, ctx: Context) -> TokenAuth:
+    return TokenAuth(cfg, ctx.id, ctx.log)
+
+
+# the extension's type, as a config names it (``extensions: {tenantauth: {...}}``)
+FACTORY = Factory(type="tenantauth", kind="extension", config=AuthConfig, create=_create,
+                  signals=())

@@ -34,6 +34,8 @@ from pipeline.registry import default_factories
 DEFAULT_ADMIN = os.environ.get("SPANPROF_ADMIN", "http://127.0.0.1:13133")
 # the CA that signed an https admin API's certificate (default: the system's store)
 DEFAULT_CACERT = os.environ.get("SPANPROF_CACERT") or None
+# the token an admin API with auth on asks for (sent as Authorization: Bearer)
+DEFAULT_TOKEN = os.environ.get("SPANPROF_TOKEN") or None
 
 
 def _config_errors(err: ConfigError) -> int:
@@ -96,8 +98,10 @@ def _get(args: argparse.Namespace, path: str, params: dict[str, Any]) -> Any:
             if url.startswith("https:") else None
     except (OSError, ssl.SSLError) as err:
         raise SystemExit(f"error: --cacert {args.cacert}: {err}") from None
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {args.token}"}
+                                 if args.token else {})
     try:
-        with urllib.request.urlopen(url, timeout=30, context=context) as resp:
+        with urllib.request.urlopen(req, timeout=30, context=context) as resp:
             return json.loads(resp.read())
     except urllib.error.HTTPError as err:
         try:
@@ -271,6 +275,8 @@ def parser() -> argparse.ArgumentParser:
         c.add_argument("--admin", default=DEFAULT_ADMIN, help="admin API of `spanprof run`")
         c.add_argument("--cacert", default=DEFAULT_CACERT,
                        help="CA file for an https admin API (SPANPROF_CACERT)")
+        c.add_argument("--token", default=DEFAULT_TOKEN,
+                       help="token for an admin API with auth on (SPANPROF_TOKEN)")
         c.add_argument("--method", default="exact",
                        help="rows to add up: exact (link, link+time; the default), all, or "
                             "a comma-separated list of link, link+time, link+share, thread, window")
@@ -294,6 +300,8 @@ def parser() -> argparse.ArgumentParser:
         c.add_argument("--admin", default=DEFAULT_ADMIN, help="admin API of `spanprof run`")
         c.add_argument("--cacert", default=DEFAULT_CACERT,
                        help="CA file for an https admin API (SPANPROF_CACERT)")
+        c.add_argument("--token", default=DEFAULT_TOKEN,
+                       help="token for an admin API with auth on (SPANPROF_TOKEN)")
         c.add_argument("--method", default="exact", help=method_help)
     for c in (h, d):
         c.add_argument("--service", required=True)

@@ -24,7 +24,7 @@ import structlog
 from pipeline.errors import InvalidData, Retryable
 from pipeline.records import Batch, Signal
 
-Kind = Literal["receiver", "processor", "exporter", "connector"]
+Kind = Literal["receiver", "processor", "exporter", "connector", "extension"]
 
 
 @runtime_checkable
@@ -74,6 +74,8 @@ class Context:
     # receivers, per signal: whether anything downstream reads the records of a batch;
     # False: every consumer only passes its OTLP requests on (``Factory.records``)
     records: dict[str, bool] = field(default_factory=dict)
+    # receivers: the started extensions a receiver's ``auth: {authenticator: ID}`` can name
+    authenticators: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.log is None:

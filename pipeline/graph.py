@@ -11,6 +11,7 @@ caller passes both, so the graph creates exactly the types the config was checke
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,7 +64,9 @@ class Graph:
                 structlog.get_logger().exception("shutdown_failed", component=key)
 
 
-def build(cfg: Config, factories: Factories) -> Graph:
+def build(cfg: Config, factories: Factories,
+          authenticators: Mapping[str, Any] | None = None) -> Graph:
+    """``authenticators``: the started extensions, by id, for receivers' ``auth:``."""
     pipelines = cfg.service.pipelines
     data_dir = cfg.service.data_dir
     nodes: dict[str, Node] = {}
@@ -178,7 +181,8 @@ def build(cfg: Config, factories: Factories) -> Graph:
                                             Context(cid, pids, next=nxt, log=log(cid, pids),
                                                     data_dir=data_dir,
                                                     store=receiver_store(pids),
-                                                    records=records)),
+                                                    records=records,
+                                                    authenticators=authenticators or {})),
                               downstream={n for p in pids for n in _pipeline_nodes[p]})
     unused = [f"{section}.{cid}: defined but not used in any pipeline"
               for section in ("receivers", "exporters", "connectors")

@@ -24,6 +24,7 @@ def default_factories() -> dict[Kind, dict[str, Factory]]:
     they pull in grpc, aiokafka and clickhouse-connect, which ``spanprof --help`` and the
     query commands (``top``, ``explain``, ...) never need.
     """
+    from pipeline.auth import FACTORY as tenantauth
     from pipeline.exporters.clickhouse.exporter import FACTORY as clickhouse
     from pipeline.exporters.debug import FACTORY as debug
     from pipeline.exporters.kafka import FACTORY as kafka_exporter
@@ -35,9 +36,9 @@ def default_factories() -> dict[Kind, dict[str, Factory]]:
     from processors.memory_limiter import FACTORY as memory_limiter
 
     factories = [otlp, kafka_receiver, pyroscope, memory_limiter, batch, clickhouse, debug,
-                 kafka_exporter, spancorrelator]
+                 kafka_exporter, spancorrelator, tenantauth]
     out: dict[Kind, dict[str, Factory]] = {
-        "receiver": {}, "processor": {}, "exporter": {}, "connector": {}
+        "receiver": {}, "processor": {}, "exporter": {}, "connector": {}, "extension": {}
     }
     for f in factories:
         out[f.kind][f.type] = f

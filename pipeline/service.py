@@ -11,12 +11,14 @@ import asyncio
 import gc
 import os
 import signal
+from typing import Any
 
 import structlog
 
 from pipeline.admin.server import AdminServer
-from pipeline.component import Factories
+from pipeline.component import Context, Factories
 from pipeline.config import Config
+from pipeline.config.model import component_type
 from pipeline.graph import Graph, build
 from pipeline.looplag import LoopLag
 from pipeline.receivers.http import ServerLimits
@@ -26,12 +28,21 @@ class Service:
     def __init__(self, cfg: Config, factories: Factories) -> None:
         """``factories``: the ones ``cfg`` was loaded with."""
         self.cfg = cfg
-        self.graph: Graph = build(cfg, factories)
+        # extensions (the Collector's): built here, started before and stopped after the
+        # graph, handed to the receivers that name them (``auth: {authenticator: ID}``)
+        self.extensions: dict[str, Any] = {
+            eid: factories["extension"][component_type(eid)].create(
+                cfg.extensions[eid], Context(eid, []))
+            for eid in cfg.service.extensions}
+        self.graph: Graph = build(cfg, factories, authenticators=self.extensions)
         admin = cfg.service.admin
         self.loop_lag = LoopLag()
         self.admin = AdminServer(admin.endpoint, self.graph, admin.query_exporter,
                                  limits=ServerLimits.of(admin),
-                                 loop_lag=self.loop_lag, tls=admin.tls) if admin.enabled else None
+                                 loop_lag=self.loop_lag, tls=admin.tls,
+                                 auth=self.extensions[admin.auth.authenticator]
+                                 if admin.auth is not None else None) \
+            if admin.enabled else None
         self.log = structlog.get_logger().bind(component="service")
         self._stop = asyncio.Event()
 
@@ -39,6 +50,8 @@ class Service:
         self._stop.set()
 
     async def start(self) -> None:
+        for ext in self.extensions.values():
+            await ext.start()
         await self.graph.start()
         self.loop_lag.start()
         if self.admin is not None:
@@ -56,6 +69,8 @@ class Service:
         await self.graph.shutdown()
         if self.admin is not None:
             await self.admin.shutdown()
+        for ext in self.extensions.values():
+            await ext.shutdown()
         self.log.info("service_stopped")
 
     async def run(self) -> None:

@@ -34,10 +34,12 @@ import structlog
 from aiohttp import web
 
 from pipeline.admin import queries
+from pipeline.auth import TokenAuth
 from pipeline.config.tls import TlsConfig
 from pipeline.graph import Graph
 from pipeline.log import redact
 from pipeline.looplag import LoopLag
+from pipeline.receivers.authn import http_middleware
 from pipeline.receivers.http import ServerLimits, serve
 from pipeline.tls import ServerTls
 
@@ -57,8 +59,9 @@ def _error(status: int, message: str) -> web.Response:
 class AdminServer:
     def __init__(self, endpoint: str, graph: Graph, query_exporter: str = "",
                  limits: ServerLimits | None = None, loop_lag: LoopLag | None = None,
-                 tls: TlsConfig | None = None) -> None:
+                 tls: TlsConfig | None = None, auth: TokenAuth | None = None) -> None:
         self.endpoint = endpoint
+        self.auth = auth  # all but /health (orchestrators' probes) need a token
         self.tls = ServerTls(tls, "service.admin.tls", structlog.get_logger().bind(
             component="admin")) if tls is not None else None
         self.loop_lag = loop_lag
@@ -87,7 +90,9 @@ class AdminServer:
         self._runner, self.port = await serve(
             app, f"{host or '127.0.0.1'}:{port}", "service.admin.endpoint", self.limits,
             self.guard_metrics, self.log,
-            ssl_context=self.tls.ssl_context() if self.tls is not None else None)
+            ssl_context=self.tls.ssl_context() if self.tls is not None else None,
+            auth=http_middleware(self.auth, self.guard_metrics, open_paths=("/health",))
+            if self.auth is not None else None)
         if self.tls is not None:
             self.tls.start()
         self.log.info("admin_listening", endpoint=self.endpoint, port=self.port,

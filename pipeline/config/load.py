@@ -25,6 +25,7 @@ _SECTION_KIND: dict[str, Kind] = {
     "processors": "processor",
     "exporters": "exporter",
     "connectors": "connector",
+    "extensions": "extension",
 }
 _TOP_LEVEL = ("service", *_SECTION_KIND)
 # the Collector's component id: a type, optionally "/" and a name
@@ -45,10 +46,12 @@ def load_text(text: str, factories: Factories, source: str = "<config>",
     decoded: dict[str, dict[str, Any]] = {}
     for section, kind in _SECTION_KIND.items():
         defined[section], decoded[section] = _load_section(
-            doc.get(section), section, factories[kind], problems)
+            doc.get(section), section, factories.get(kind, {}), problems)
     service, pipelines = _load_service(doc, problems)
     if pipelines is not None:
         problems.extend(_check_pipelines(pipelines, defined, factories))
+    if not isinstance(service, Failed):
+        problems.extend(_check_auth(service, decoded["receivers"], defined["extensions"]))
     if problems:
         raise ConfigError(problems)
     return Config(service=service, **decoded)
@@ -104,6 +107,34 @@ def _load_service(doc: dict[Any, Any], problems: list[str]) -> tuple[Any, Any]:
     value = service.value if isinstance(service, Partial) else service
     problems.extend(validate_at(value.admin, "service.admin"))
     return (value if len(problems) == before else FAILED), value.pipelines
+
+
+def _auth_refs(receivers: dict[str, Any], service: ServiceConfig
+               ) -> list[tuple[str, str]]:
+    """(key, extension id) for every ``auth: {authenticator: ID}`` of a listener."""
+    listeners: list[tuple[str, Any]] = [("service.admin", service.admin)]
+    for rid, rc in receivers.items():
+        protocols = getattr(rc, "protocols", None)
+        if protocols is not None and hasattr(protocols, "enabled"):
+            listeners += [(f"receivers.{rid}.protocols.{name}", p) for name, p in
+                          zip(("grpc", "http"), protocols.enabled(), strict=True)]
+        else:
+            listeners.append((f"receivers.{rid}", rc))
+    return [(f"{key}.auth.authenticator", auth.authenticator) for key, c in listeners
+            if (auth := getattr(c, "auth", None)) is not None]
+
+
+def _check_auth(service: ServiceConfig, receivers: dict[str, Any],
+                extensions: dict[str, Any]) -> list[str]:
+    """Every extension service.extensions starts is defined; every authenticator a
+    listener names is started."""
+    problems = [f"service.extensions[{i}]: {eid!r} is not defined in extensions:"
+                for i, eid in enumerate(service.extensions) if eid not in extensions]
+    for key, eid in _auth_refs(receivers, service):
+        if eid not in service.extensions:
+            problems.append(f"{key}: {eid!r} is not an extension started by "
+                            "service.extensions")
+    return problems
 
 
 def _check_pipelines(pipelines: dict[str, PipelineConfig], defined: dict[str, dict[str, Any]],

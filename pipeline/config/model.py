@@ -12,7 +12,7 @@ from typing import Any, Literal
 import msgspec
 
 from pipeline.config.ranges import Duration, PositiveInt, check_endpoint
-from pipeline.config.tls import TlsConfig
+from pipeline.config.tls import ReceiverAuth, TlsConfig
 
 
 class PipelineConfig(msgspec.Struct, forbid_unknown_fields=True):
@@ -44,6 +44,7 @@ class AdminConfig(msgspec.Struct, forbid_unknown_fields=True):
     idle_timeout: Duration = 60.0  # type: ignore[assignment]
     max_connections: PositiveInt = 1000
     tls: TlsConfig | None = None  # pipeline/tls.py
+    auth: ReceiverAuth | None = None  # pipeline/auth.py; /health stays open (probes)
 
     def validate(self) -> None:
         if self.enabled:
@@ -54,6 +55,8 @@ class AdminConfig(msgspec.Struct, forbid_unknown_fields=True):
 
 class ServiceConfig(msgspec.Struct, forbid_unknown_fields=True):
     pipelines: dict[str, PipelineConfig]
+    # the extensions to start (defined under extensions:), as in the Collector
+    extensions: list[str] = []
     telemetry: TelemetryConfig = msgspec.field(default_factory=TelemetryConfig)
     admin: AdminConfig = msgspec.field(default_factory=AdminConfig)
     # where relative paths (e.g. chdb://./data) are resolved; default: the current directory
@@ -69,6 +72,7 @@ class RawConfig(msgspec.Struct, forbid_unknown_fields=True):
     processors: dict[str, dict[str, Any] | None] = {}
     exporters: dict[str, dict[str, Any] | None] = {}
     connectors: dict[str, dict[str, Any] | None] = {}
+    extensions: dict[str, dict[str, Any] | None] = {}
 
 
 class Config(msgspec.Struct):
@@ -79,6 +83,7 @@ class Config(msgspec.Struct):
     processors: dict[str, Any]
     exporters: dict[str, Any]
     connectors: dict[str, Any]
+    extensions: dict[str, Any] = {}
 
 
 def component_type(component_id: str) -> str:

@@ -91,6 +91,9 @@ def _remember_secrets(node: Any, key: object = None) -> None:
     """Every value under a secret-looking key, and every URL password, is redacted from
     errors and logs from now on (``pipeline.log.redact``)."""
     if isinstance(node, dict):
+        if key == "tokens":  # an auth extension's inline tokens are the mapping's keys
+            for k in node:
+                remember_secret(str(k))
         for k, v in node.items():
             _remember_secrets(v, k)
     elif isinstance(node, list):

@@ -1,5 +1,5 @@
-"""The ``tls:`` key of a listener (its meaning, and how certificates are served and
-reloaded: ``pipeline/tls.py``)."""
+"""A listener's security keys: ``tls:`` (its meaning, and how certificates are served and
+reloaded: ``pipeline/tls.py``) and ``auth:`` (``pipeline/auth.py``)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,13 @@ import msgspec
 
 from pipeline.config.ranges import Duration
 from pipeline.errors import ConfigError
+
+
+class ReceiverAuth(msgspec.Struct, forbid_unknown_fields=True):
+    """A listener's ``auth:`` key: which extension checks its requests
+    (``pipeline/auth.py``)."""
+
+    authenticator: str
 
 
 class TlsConfig(msgspec.Struct, forbid_unknown_fields=True):

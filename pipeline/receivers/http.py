@@ -285,14 +285,18 @@ class _GuardedSite(web.TCPSite):
 async def serve(app: web.Application, endpoint: str, where: str,
                 limits: ServerLimits | None = None, metrics: Counter[str] | None = None,
                 log: Any = None, auto_decompress: bool = True,
-                ssl_context: ssl.SSLContext | None = None) -> tuple[web.AppRunner, int]:
+                ssl_context: ssl.SSLContext | None = None,
+                auth: Any = None) -> tuple[web.AppRunner, int]:
     """Start ``app`` on ``endpoint`` (port 0 picks a free one) behind ``limits``; return the
     runner and port. ``where`` is the config key named when the port cannot be bound;
     guard counters go to ``metrics``. ``auto_decompress=False`` leaves gzip bodies to
-    ``read_body`` (which counts the bytes as sent). ``ssl_context``: TLS (pipeline/tls.py)."""
+    ``read_body`` (which counts the bytes as sent). ``ssl_context``: TLS (pipeline/tls.py);
+    ``auth``: a middleware checking tokens before the app's handlers (``authn.py``)."""
     log = log or structlog.get_logger()
     app.middlewares.append(_track)  # first: the body's clock starts before anything else
     app.middlewares.append(_faults(log))
+    if auth is not None:
+        app.middlewares.append(auth)
     listener = _Listener(limits or ServerLimits(), metrics if metrics is not None
                          else Counter(), log)
     runner = web.AppRunner(app, access_log=None)

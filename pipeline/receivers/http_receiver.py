@@ -9,6 +9,7 @@ from typing import Any
 
 from aiohttp import web
 
+from pipeline.receivers.authn import authenticator, http_middleware
 from pipeline.receivers.http import ServerLimits, app_for, serve
 from pipeline.receivers.idempotency import RecentRequests, preload_recent, request_key
 from pipeline.registry import Context
@@ -57,12 +58,15 @@ class HttpReceiver:
         app = app_for(self.cfg.max_decompressed_bytes)
         self.routes(app)
         key = f"receivers.{self.ctx.id}.{self.endpoint_key}"
+        auth = authenticator(self.cfg.auth, self.ctx.authenticators,
+                             key.removesuffix(".endpoint"))
         if self.cfg.tls is not None:
             self.tls = ServerTls(self.cfg.tls, key.removesuffix("endpoint") + "tls", self.log)
         self._runner, self.port = await serve(
             app, self.cfg.endpoint, key, self.limits, self.metrics, self.log,
             auto_decompress=False,
-            ssl_context=self.tls.ssl_context() if self.tls is not None else None)
+            ssl_context=self.tls.ssl_context() if self.tls is not None else None,
+            auth=http_middleware(auth, self.metrics) if auth is not None else None)
         if self.tls is not None:
             self.tls.start()
         self.log.info(f"{self.event}_listening", endpoint=self.cfg.endpoint, port=self.port,

@@ -54,11 +54,12 @@ from pipeline.config import (
     PositiveInt32,
     check_endpoint,
 )
-from pipeline.config.tls import TlsConfig
+from pipeline.config.tls import ReceiverAuth, TlsConfig
 from pipeline.errors import ConfigError, InvalidData, Retryable, TooLarge
 from pipeline.otlp.bounds import RecordsLimit
 from pipeline.otlp.profiles import decode_profiles
 from pipeline.otlp.traces import decode_traces
+from pipeline.receivers.authn import REFUSED, authenticator
 from pipeline.receivers.idempotency import RecentRequests, preload_recent, request_key
 from pipeline.receivers.limits import check_items, count_items
 from pipeline.registry import Context
@@ -113,6 +114,7 @@ class GrpcConfig(msgspec.Struct, forbid_unknown_fields=True):
     max_spans_per_request: PositiveInt = 100_000
     max_samples_per_request: RecordsLimit = 1_000_000  # at most 2^21
     tls: TlsConfig | None = None                      # pipeline/tls.py
+    auth: ReceiverAuth | None = None                  # pipeline/auth.py
 
     def validate(self, key: str) -> None:
         check_endpoint(self.endpoint, f"{key}.endpoint")
@@ -131,6 +133,8 @@ class GrpcServer:
         self.port: int | None = None
         self.metrics: Counter[str] = Counter()
         self.tls: ServerTls | None = None
+        self.auth = authenticator(cfg.auth, ctx.authenticators,
+                                  f"receivers.{ctx.id}.protocols.grpc")
         self._stopped = False
         self._in_flight = 0
         # resent requests delivered once; clients not kept waiting on a failing store
@@ -196,7 +200,12 @@ class GrpcServer:
     async def _export(self, signal: str, data: bytes,
                       context: grpc.aio.ServicerContext) -> bytes:
         """One Export call of either service, if fewer than ``max_concurrent_requests``
-        are being handled; otherwise UNAVAILABLE with a delay, before any parsing."""
+        are being handled; otherwise UNAVAILABLE with a delay, before any parsing. With
+        ``auth``, a call without a known token is UNAUTHENTICATED first."""
+        if self.auth is not None and \
+                self.auth.tenant_of_grpc(context.invocation_metadata() or ()) is None:
+            self.metrics["unauthenticated_requests"] += 1
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, REFUSED)
         limit = self.cfg.max_concurrent_requests
         if self._in_flight >= limit:
             self.metrics["throttled_requests"] += 1

@@ -28,7 +28,7 @@ from opentelemetry.proto.collector.profiles.v1development import profiles_servic
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as tps
 
 from pipeline.config import Duration, PositiveInt, check_endpoint
-from pipeline.config.tls import TlsConfig
+from pipeline.config.tls import ReceiverAuth, TlsConfig
 from pipeline.errors import InvalidData, Retryable, TooLarge
 from pipeline.otlp import jsonwire
 from pipeline.otlp.bounds import RecordsLimit
@@ -77,6 +77,7 @@ class HttpConfig(msgspec.Struct, forbid_unknown_fields=True):
     idle_timeout: Duration = Duration(60.0)          # keep-alive connection without a request
     max_connections: PositiveInt = 1000              # more: 503 + Retry-After: 1, closed
     tls: TlsConfig | None = None                     # pipeline/tls.py
+    auth: ReceiverAuth | None = None                 # pipeline/auth.py
 
     def validate(self, key: str) -> None:
         check_endpoint(self.endpoint, f"{key}.endpoint")

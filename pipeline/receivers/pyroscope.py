@@ -43,7 +43,7 @@ from aiohttp import web
 from google.protobuf.message import DecodeError
 
 from pipeline.config import Duration, PositiveInt, check_endpoint
-from pipeline.config.tls import TlsConfig
+from pipeline.config.tls import ReceiverAuth, TlsConfig
 from pipeline.errors import InvalidData, Retryable, TooLarge
 from pipeline.otlp.bounds import RecordsLimit
 from pipeline.otlp.common import UNKNOWN_SERVICE
@@ -82,6 +82,7 @@ class Config(msgspec.Struct, forbid_unknown_fields=True):
     idle_timeout: Duration = Duration(60.0)
     max_connections: PositiveInt = 1000
     tls: TlsConfig | None = None  # pipeline/tls.py
+    auth: ReceiverAuth | None = None  # pipeline/auth.py
 
     def validate(self) -> None:
         check_endpoint(self.endpoint)

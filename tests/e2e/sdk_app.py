@@ -58,16 +58,18 @@ def run_delay_ns() -> int:
         return 0
 
 
-def exporter(protocol: str, endpoint: str) -> SpanExporter:
+def exporter(protocol: str, endpoint: str, token: str = "") -> SpanExporter:
+    headers = {"authorization": f"Bearer {token}"} if token else None
     if protocol == "http":
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
             OTLPSpanExporter as HttpExporter,
         )
-        return HttpExporter(endpoint=endpoint.rstrip("/") + "/v1/traces", timeout=30)
+        return HttpExporter(endpoint=endpoint.rstrip("/") + "/v1/traces", timeout=30,
+                            headers=headers)
     from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
         OTLPSpanExporter as GrpcExporter,
     )
-    return GrpcExporter(endpoint=endpoint, insecure=True, timeout=30)
+    return GrpcExporter(endpoint=endpoint, insecure=True, timeout=30, headers=headers)
 
 
 def ids(span: Any) -> list[str]:
@@ -85,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--crunch-ms", type=float, default=300)
     ap.add_argument("--idle-ms", type=float, default=200)
     ap.add_argument("--upload-interval", type=int, default=1, help="seconds")
+    ap.add_argument("--token", default="", help="sent as a bearer token (OTLP) and as the "
+                    "basic-auth password (Pyroscope)")
     args = ap.parse_args(argv)
 
     pyroscope.configure(
@@ -96,11 +100,13 @@ def main(argv: list[str] | None = None) -> int:
         report_thread_id=True,
         upload_interval=args.upload_interval,
         tags={"sdk_app": "1"},
+        basic_auth_username="sdk-app" if args.token else "",
+        basic_auth_password=args.token,
     )
     provider = TracerProvider(resource=Resource.create({"service.name": args.service}))
     provider.add_span_processor(PyroscopeSpanProcessor())
     provider.add_span_processor(BatchSpanProcessor(
-        exporter(args.protocol, args.otlp_endpoint), schedule_delay_millis=500))
+        exporter(args.protocol, args.otlp_endpoint, args.token), schedule_delay_millis=500))
     tracer = provider.get_tracer("spanprof-sdk-app")
 
     # the sampler thread starts in configure(): burn a little outside any span first, so

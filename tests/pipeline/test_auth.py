@@ -21,12 +21,12 @@ from pipeline.auth import (
     DEFAULT_TENANT,
     TENANT_RE,
     AuthConfig,
-    ReceiverAuth,
     TokenAuth,
     redact_token,
     tenant_from_header,
 )
 from pipeline.config import Duration, dec_hook, decode_struct
+from pipeline.config.tls import ReceiverAuth
 from pipeline.errors import ConfigError, InvalidData
 
 KEY = "extensions.tenantauth"

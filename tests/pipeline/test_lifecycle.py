@@ -27,6 +27,8 @@ def make(kind: str, type_: str, tmp_path: Path, request: pytest.FixtureRequest) 
         raw = {"protocols": {"grpc": {"endpoint": "127.0.0.1:0"}}}
     if type_ == "pyroscope":
         raw = {"endpoint": "127.0.0.1:0"}
+    if type_ == "tenantauth":
+        raw = {"tokens": {"tok-lifecycle-0123456789": "team-a"}}
     if type_ == "kafka":  # the real broker: a receiver cannot start without one
         raw = {"brokers": [request.getfixturevalue("kafka_broker").bootstrap],
                "traces": {"topic": "lifecycle_spans"},
