@@ -68,8 +68,13 @@ class KafkaBroker:
     broker away from a running pipeline and bring it back.
     """
 
-    def __init__(self, workdir: Path, partitions: int = 6) -> None:
+    def __init__(self, workdir: Path, partitions: int = 6,
+                 secure: tuple[Path, Path, dict[str, str]] | None = None) -> None:
+        """``secure``: (certificate, key, SASL PLAIN users) of a second listener that
+        takes TLS and SASL (``SASL_SSL``) on ``secure_port``, beside the plain one."""
         self.workdir = workdir
+        self.secure = secure
+        self.secure_port = _free_port() if secure else 0
         self.port = _free_port()
         self.controller_port = _free_port()
         self.partitions = partitions
@@ -101,6 +106,28 @@ class KafkaBroker:
             "auto.create.topics.enable": "true",
             "log.flush.interval.messages": "1",
         }
+        if self.secure is not None:
+            cert, key, users = self.secure
+            # Kafka reads a PEM keystore: the PKCS#8 key and its certificate in one file
+            pem = self.workdir / "secure-keystore.pem"
+            self.workdir.mkdir(parents=True, exist_ok=True)
+            pem.write_bytes(key.read_bytes() + cert.read_bytes())
+            name = "listener.name.secure."
+            jaas = " ".join(f'user_{u}="{p}"' for u, p in users.items())
+            props.update({
+                "listeners": props["listeners"] + f",SECURE://127.0.0.1:{self.secure_port}",
+                "advertised.listeners": props["advertised.listeners"]
+                + f",SECURE://127.0.0.1:{self.secure_port}",
+                "listener.security.protocol.map": props["listener.security.protocol.map"]
+                + ",SECURE:SASL_SSL",
+                "inter.broker.listener.name": "PLAINTEXT",
+                name + "sasl.enabled.mechanisms": "PLAIN",
+                name + "plain.sasl.jaas.config":
+                    "org.apache.kafka.common.security.plain.PlainLoginModule required "
+                    f"{jaas};",
+                name + "ssl.keystore.type": "PEM",
+                name + "ssl.keystore.location": str(pem),
+            })
         path = self.workdir / "server.properties"
         path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
         return path

@@ -17,6 +17,7 @@ from pipeline.component import Factories, Factory, Kind
 from pipeline.config.decode import FAILED, Failed, Partial, decode, decode_struct, join, validate_at
 from pipeline.config.model import Config, PipelineConfig, ServiceConfig, component_type, signal_of
 from pipeline.config.source import parse, read_file
+from pipeline.config.tls import ReceiverAuth
 from pipeline.errors import ConfigError
 from pipeline.records import SIGNALS
 
@@ -120,8 +121,9 @@ def _auth_refs(receivers: dict[str, Any], service: ServiceConfig
                           zip(("grpc", "http"), protocols.enabled(), strict=True)]
         else:
             listeners.append((f"receivers.{rid}", rc))
+    # (a Kafka receiver's ``auth:`` is its SASL to the brokers, not a listener's)
     return [(f"{key}.auth.authenticator", auth.authenticator) for key, c in listeners
-            if (auth := getattr(c, "auth", None)) is not None]
+            if isinstance(auth := getattr(c, "auth", None), ReceiverAuth)]
 
 
 def _check_auth(service: ServiceConfig, receivers: dict[str, Any],

@@ -73,6 +73,7 @@ class Config(ClientConfig, forbid_unknown_fields=True):
     def validate(self) -> None:
         if not self.brokers:
             raise ConfigError("brokers: at least one broker is required")
+        self.validate_security()
         if self.producer.max_message_bytes < 1024:
             raise ConfigError("producer.max_message_bytes: must be at least 1024")
 
@@ -106,7 +107,7 @@ class KafkaExporter:
             partitioner=self.cfg.partitioner,
             compression=None if p.compression == "none" else p.compression,
             max_message_bytes=p.max_message_bytes, linger=float(p.linger),
-            timeout=float(self.cfg.timeout)))
+            timeout=float(self.cfg.timeout), security=self.cfg.security()))
 
     @property
     def _partition_fn(self) -> Any:

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable, Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
 from pipeline.config import Duration
+from pipeline.kafka.security import KafkaAuth, KafkaTls, client_settings
 
 PartitionerName = Literal["sarama_compat", "murmur2"]
 
@@ -110,3 +111,15 @@ class ClientConfig(msgspec.Struct, forbid_unknown_fields=True):
     traces: TopicConfig = msgspec.field(default_factory=lambda: TopicConfig("otlp_spans"))
     profiles: TopicConfig = msgspec.field(default_factory=lambda: TopicConfig("otlp_profiles"))
     timeout: Duration = Duration(10.0)
+    tls: KafkaTls | None = None      # pipeline/kafka/security.py
+    auth: KafkaAuth | None = None    # SASL
+
+    def validate_security(self) -> None:
+        if self.tls is not None:
+            self.tls.validate("tls")
+        if self.auth is not None and self.auth.sasl is not None:
+            self.auth.sasl.validate("auth.sasl")
+
+    def security(self) -> dict[str, Any]:
+        """aiokafka's keyword arguments for ``tls`` and ``auth``."""
+        return client_settings(self.tls, self.auth)

@@ -22,7 +22,7 @@ components' failure handling runs the same on the fake as on the broker.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener
@@ -50,6 +50,8 @@ class ProducerOptions:
     max_message_bytes: int
     linger: float  # seconds
     timeout: float  # seconds, for Kafka's acknowledgement
+    # aiokafka's TLS and SASL arguments (pipeline/kafka/security.py); empty: plain text
+    security: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,7 @@ class ConsumerOptions:
     session_timeout: float  # seconds
     heartbeat_interval: float  # seconds
     timeout: float  # seconds
+    security: dict[str, Any] = field(default_factory=dict)  # as ProducerOptions'
 
 
 class Record(Protocol):
@@ -159,7 +162,7 @@ class AioProducer:
             enable_idempotence=True, compression_type=opts.compression,
             max_request_size=opts.max_message_bytes, linger_ms=int(opts.linger * 1000),
             request_timeout_ms=int(opts.timeout * 1000),
-            partitioner=partitioner(opts.partitioner))
+            partitioner=partitioner(opts.partitioner), **opts.security)
 
     def __repr__(self) -> str:
         return f"<AioProducer {self.opts.brokers} {self.opts.partitioner}>"
@@ -206,7 +209,7 @@ class AioConsumer:
             max_poll_records=opts.max_poll_records,
             session_timeout_ms=int(opts.session_timeout * 1000),
             heartbeat_interval_ms=int(opts.heartbeat_interval * 1000),
-            request_timeout_ms=int(opts.timeout * 1000) + 30_000)
+            request_timeout_ms=int(opts.timeout * 1000) + 30_000, **opts.security)
 
     def __repr__(self) -> str:
         return f"<AioConsumer {self.opts.brokers} group={self.opts.group_id}>"

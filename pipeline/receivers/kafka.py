@@ -87,6 +87,7 @@ class Config(ClientConfig, forbid_unknown_fields=True):
     def validate(self) -> None:
         if not self.brokers:
             raise ConfigError("brokers: at least one broker is required")
+        self.validate_security()
         if self.max_poll_records < 1:
             raise ConfigError("max_poll_records: must be at least 1")
         if self.block_items < 1:
@@ -144,7 +145,7 @@ class KafkaReceiver:
             max_poll_records=self.cfg.max_poll_records,
             session_timeout=float(self.cfg.session_timeout),
             heartbeat_interval=float(self.cfg.heartbeat_interval),
-            timeout=float(self.cfg.timeout)))
+            timeout=float(self.cfg.timeout), security=self.cfg.security()))
         self.consumer.subscribe(list(self.topics), listener=_Rebalance(self))
         try:
             await self.consumer.start()
