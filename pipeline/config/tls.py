@@ -57,3 +57,34 @@ def server_context(cfg: TlsConfig) -> ssl.SSLContext:
         ctx.load_verify_locations(cafile=cfg.client_ca_file)
         ctx.verify_mode = ssl.CERT_REQUIRED
     return ctx
+
+
+class ClientTls(msgspec.Struct, forbid_unknown_fields=True):
+    """TLS of a client spanprof opens (to Kafka, to a ClickHouse server)."""
+
+    ca_file: str = ""
+    cert_file: str = ""
+    key_file: str = ""
+    insecure_skip_verify: bool = False
+
+    def validate(self, key: str) -> None:
+        if bool(self.cert_file) != bool(self.key_file):
+            raise ConfigError(f"{key}: cert_file and key_file go together")
+        for name in ("ca_file", "cert_file", "key_file"):
+            path = getattr(self, name)
+            if path and not os.access(path, os.R_OK):
+                raise ConfigError(f"{key}.{name}: cannot read {path}")
+        try:
+            client_context(self)
+        except (OSError, ssl.SSLError, ValueError) as err:
+            raise ConfigError(f"{key}: {err}") from None
+
+
+def client_context(tls: ClientTls) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(cafile=tls.ca_file or None)
+    if tls.cert_file:
+        ctx.load_cert_chain(tls.cert_file, tls.key_file)
+    if tls.insecure_skip_verify:
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    return ctx

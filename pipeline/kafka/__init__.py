@@ -21,7 +21,8 @@ from typing import Any, Literal
 import msgspec
 
 from pipeline.config import Duration
-from pipeline.kafka.security import KafkaAuth, KafkaTls, client_settings
+from pipeline.config.tls import ClientTls
+from pipeline.kafka.security import KafkaAuth, client_settings
 
 PartitionerName = Literal["sarama_compat", "murmur2"]
 
@@ -111,7 +112,7 @@ class ClientConfig(msgspec.Struct, forbid_unknown_fields=True):
     traces: TopicConfig = msgspec.field(default_factory=lambda: TopicConfig("otlp_spans"))
     profiles: TopicConfig = msgspec.field(default_factory=lambda: TopicConfig("otlp_profiles"))
     timeout: Duration = Duration(10.0)
-    tls: KafkaTls | None = None      # pipeline/kafka/security.py
+    tls: ClientTls | None = None      # pipeline/kafka/security.py
     auth: KafkaAuth | None = None    # SASL
 
     def validate_security(self) -> None:

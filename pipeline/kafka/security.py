@@ -18,32 +18,12 @@ password is a secret: it is never logged (``pipeline.log`` redacts it by its key
 
 from __future__ import annotations
 
-import os
-import ssl
 from typing import Any, Literal
 
 import msgspec
 
+from pipeline.config.tls import ClientTls, client_context
 from pipeline.errors import ConfigError
-
-
-class KafkaTls(msgspec.Struct, forbid_unknown_fields=True):
-    ca_file: str = ""
-    cert_file: str = ""
-    key_file: str = ""
-    insecure_skip_verify: bool = False
-
-    def validate(self, key: str) -> None:
-        if bool(self.cert_file) != bool(self.key_file):
-            raise ConfigError(f"{key}: cert_file and key_file go together")
-        for name in ("ca_file", "cert_file", "key_file"):
-            path = getattr(self, name)
-            if path and not os.access(path, os.R_OK):
-                raise ConfigError(f"{key}.{name}: cannot read {path}")
-        try:
-            context(self)
-        except (OSError, ssl.SSLError, ValueError) as err:
-            raise ConfigError(f"{key}: {err}") from None
 
 
 class Sasl(msgspec.Struct, forbid_unknown_fields=True):
@@ -60,22 +40,12 @@ class KafkaAuth(msgspec.Struct, forbid_unknown_fields=True):
     sasl: Sasl | None = None
 
 
-def context(tls: KafkaTls) -> ssl.SSLContext:
-    ctx = ssl.create_default_context(cafile=tls.ca_file or None)
-    if tls.cert_file:
-        ctx.load_cert_chain(tls.cert_file, tls.key_file)
-    if tls.insecure_skip_verify:
-        ctx.check_hostname = False
-        ctx.verify_mode = ssl.CERT_NONE
-    return ctx
-
-
-def client_settings(tls: KafkaTls | None, auth: KafkaAuth | None) -> dict[str, Any]:
+def client_settings(tls: ClientTls | None, auth: KafkaAuth | None) -> dict[str, Any]:
     """aiokafka's keyword arguments for this security (empty: plain text)."""
     sasl = auth.sasl if auth is not None else None
     out: dict[str, Any] = {}
     if tls is not None:
-        out["ssl_context"] = context(tls)
+        out["ssl_context"] = client_context(tls)
     if sasl is not None:
         out.update(sasl_mechanism=sasl.mechanism, sasl_plain_username=sasl.username,
                    sasl_plain_password=sasl.password)

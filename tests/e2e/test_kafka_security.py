@@ -14,7 +14,8 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
-from pipeline.kafka.security import KafkaAuth, KafkaTls, Sasl, client_settings
+from pipeline.config.tls import ClientTls
+from pipeline.kafka.security import KafkaAuth, Sasl, client_settings
 from tests.certs import CertAuthority
 from tests.conftest import SpanprofProcess, wait_until
 from tests.e2e.otlp_clients import sdk_spans
@@ -57,7 +58,7 @@ def test_tiers_through_sasl_ssl(tmp_path: Path) -> None:
     broker.start()
     try:
         secure = f"127.0.0.1:{broker.secure_port}"
-        tls = KafkaTls(ca_file=str(ca.path))
+        tls = ClientTls(ca_file=str(ca.path))
         good = client_settings(tls, KafkaAuth(Sasl("spanprof", PASSWORD)))
         wrong = client_settings(tls, KafkaAuth(Sasl("spanprof", "not-the-password")))
         assert asyncio.run(can_produce(secure, **good))

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from pipeline.config import load_text
+from pipeline.config.tls import ClientTls
 from pipeline.errors import ConfigError
-from pipeline.kafka.security import KafkaAuth, KafkaTls, Sasl, client_settings
+from pipeline.kafka.security import KafkaAuth, Sasl, client_settings
 from pipeline.log import redact
 from pipeline.registry import default_factories
 from tests.certs import CertAuthority
@@ -56,9 +57,9 @@ def test_what_aiokafka_is_given(tmp_path: Path) -> None:
     plain_sasl = client_settings(None, sasl)
     assert plain_sasl["security_protocol"] == "SASL_PLAINTEXT"
     assert plain_sasl["sasl_mechanism"] == "SCRAM-SHA-512"
-    both = client_settings(KafkaTls(ca_file=str(ca.path)), sasl)
+    both = client_settings(ClientTls(ca_file=str(ca.path)), sasl)
     assert both["security_protocol"] == "SASL_SSL"
     assert both["ssl_context"].verify_mode == ssl.CERT_REQUIRED
-    skip = client_settings(KafkaTls(insecure_skip_verify=True), None)
+    skip = client_settings(ClientTls(insecure_skip_verify=True), None)
     assert skip["security_protocol"] == "SSL"
     assert skip["ssl_context"].verify_mode == ssl.CERT_NONE

@@ -40,6 +40,7 @@ from urllib.parse import unquote, urlsplit
 import msgspec
 
 from pipeline.config import Duration, NonNegDuration, PositiveInt
+from pipeline.config.tls import ClientTls
 from pipeline.errors import ConfigError, Retryable
 from pipeline.exporters.clickhouse import failpoints, rows
 from pipeline.exporters.clickhouse.backend import ClickHouseClient
@@ -91,9 +92,15 @@ class Config(msgspec.Struct, forbid_unknown_fields=True):
     # inserts failing (retryable errors) for this long make /health 503 (``failed``)
     unhealthy_after: Duration = Duration(30.0)
     sending_queue: QueueConfig = msgspec.field(default_factory=QueueConfig)
+    # an https:// server's CA, a client certificate, or no verification (pipeline/config/tls.py)
+    tls: ClientTls | None = None
 
     def validate(self) -> None:
         scheme = urlsplit(self.endpoint).scheme
+        if self.tls is not None:
+            if scheme != "https":
+                raise ConfigError("tls: needs an https:// endpoint")
+            self.tls.validate("tls")
         if scheme not in ("chdb", "http", "https"):
             raise ConfigError(f"endpoint: expected chdb://PATH, http://HOST:PORT or "
                               f"https://HOST:PORT, got {self.endpoint!r}")
@@ -136,10 +143,23 @@ def connect(cfg: Config, data_dir: str) -> ClickHouseClient:
         username=unquote(u.username) if u.username else cfg.username,
         password=unquote(u.password) if u.password is not None else cfg.password,
         connect_timeout=float(cfg.timeout), send_receive_timeout=float(cfg.timeout),
+        **_tls_settings(cfg.tls),
         # through Distributed tables, an insert is acknowledged once the shards have it,
         # and its deduplication token goes with it
         settings={"insert_distributed_sync": 1} if cfg.cluster else None)
     return failpoints.wrap(client)
+
+
+def _tls_settings(tls: ClientTls | None) -> dict[str, Any]:
+    """clickhouse-connect's arguments for ``tls`` (empty: its defaults, the system CAs)."""
+    if tls is None:
+        return {}
+    out: dict[str, Any] = {"verify": not tls.insecure_skip_verify}
+    if tls.ca_file:
+        out["ca_cert"] = tls.ca_file
+    if tls.cert_file:
+        out.update(client_cert=tls.cert_file, client_cert_key=tls.key_file)
+    return out
 
 
 class ClickHouseExporter:
