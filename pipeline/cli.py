@@ -27,7 +27,7 @@ import structlog
 
 from pipeline.config import RawConfig, load_file, schema_hook
 from pipeline.errors import ConfigError
-from pipeline.graph import build
+from pipeline.graph import build, create_extensions
 from pipeline.log import configure, redact
 from pipeline.registry import default_factories
 
@@ -54,7 +54,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     try:
         check_profiles_layout()
         cfg = load_file(args.config, factories)
-        build(cfg, factories)
+        # the listeners' auth: names an extension: hand them the created ones, as run does
+        build(cfg, factories, authenticators=create_extensions(cfg, factories))
     except ConfigError as err:
         return _config_errors(err)
     print(f"{args.config}: ok ({len(cfg.service.pipelines)} pipelines)")

@@ -64,6 +64,15 @@ class Graph:
                 structlog.get_logger().exception("shutdown_failed", component=key)
 
 
+def create_extensions(cfg: Config, factories: Factories) -> dict[str, Any]:
+    """The extensions ``service.extensions`` names, created (not started), by id: what
+    ``build`` hands the listeners that name one (``auth: {authenticator: ID}``). Creating
+    one does no I/O, so ``spanprof validate`` builds them too."""
+    return {eid: factories["extension"][component_type(eid)].create(
+                cfg.extensions[eid], Context(eid, []))
+            for eid in cfg.service.extensions}
+
+
 def build(cfg: Config, factories: Factories,
           authenticators: Mapping[str, Any] | None = None) -> Graph:
     """``authenticators``: the started extensions, by id, for receivers' ``auth:``."""

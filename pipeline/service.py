@@ -16,10 +16,9 @@ from typing import Any
 import structlog
 
 from pipeline.admin.server import AdminServer
-from pipeline.component import Context, Factories
+from pipeline.component import Factories
 from pipeline.config import Config
-from pipeline.config.model import component_type
-from pipeline.graph import Graph, build
+from pipeline.graph import Graph, build, create_extensions
 from pipeline.looplag import LoopLag
 from pipeline.receivers.http import ServerLimits
 
@@ -30,10 +29,7 @@ class Service:
         self.cfg = cfg
         # extensions (the Collector's): built here, started before and stopped after the
         # graph, handed to the receivers that name them (``auth: {authenticator: ID}``)
-        self.extensions: dict[str, Any] = {
-            eid: factories["extension"][component_type(eid)].create(
-                cfg.extensions[eid], Context(eid, []))
-            for eid in cfg.service.extensions}
+        self.extensions: dict[str, Any] = create_extensions(cfg, factories)
         self.graph: Graph = build(cfg, factories, authenticators=self.extensions)
         admin = cfg.service.admin
         self.loop_lag = LoopLag()

@@ -4,6 +4,8 @@ token never appears in an error."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -60,3 +62,14 @@ def test_an_inline_token_is_redacted_from_errors(tmp_path: Path) -> None:
     shown = "\n".join(redact(p) for p in err.value.problems)
     assert "extensions.tenantauth" in shown
     assert TOKEN not in shown
+
+
+def test_validate_accepts_listeners_naming_a_started_extension(tmp_path: Path) -> None:
+    """``spanprof validate`` builds the graph as ``run`` does, extensions included: a
+    listener naming ``tenantauth`` is not refused as naming an extension not started."""
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(BASE % (TOKEN, "tenantauth", "tenantauth"))
+    res = subprocess.run([sys.executable, "-m", "pipeline.cli", "validate", "-c", str(path)],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert TOKEN not in res.stdout + res.stderr
