@@ -14,10 +14,13 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
 
-def sdk_tracer(target: str, service: str) -> tuple[TracerProvider, Any]:
-    """A tracer whose spans leave only on ``force_flush()``: the test decides when."""
+def sdk_tracer(target: str, service: str, credentials: grpc.ChannelCredentials | None = None,
+               headers: dict[str, str] | None = None) -> tuple[TracerProvider, Any]:
+    """A tracer whose spans leave only on ``force_flush()``: the test decides when.
+    Plain text unless ``credentials`` (TLS) are given; ``headers``: e.g. a bearer token."""
     provider = TracerProvider(resource=Resource.create({"service.name": service}))
-    exporter = OTLPSpanExporter(endpoint=target, insecure=True, timeout=30)
+    exporter = OTLPSpanExporter(endpoint=target, insecure=credentials is None,
+                                credentials=credentials, headers=headers, timeout=30)
     provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=3_600_000,
                                                    max_export_batch_size=512))
     return provider, provider.get_tracer("spanprof-tests")
@@ -28,9 +31,11 @@ def ids_of(span: Any) -> tuple[bytes, bytes]:
     return ctx.trace_id.to_bytes(16, "big"), ctx.span_id.to_bytes(8, "big")
 
 
-def sdk_spans(target: str, service: str, n: int) -> list[tuple[bytes, bytes]]:
+def sdk_spans(target: str, service: str, n: int,
+              credentials: grpc.ChannelCredentials | None = None,
+              headers: dict[str, str] | None = None) -> list[tuple[bytes, bytes]]:
     """``n`` root spans ``op0``.. sent by the SDK's exporter; their (trace id, span id)."""
-    provider, tracer = sdk_tracer(target, service)
+    provider, tracer = sdk_tracer(target, service, credentials, headers)
     keys = []
     for i in range(n):
         with tracer.start_as_current_span(f"op{i}") as span:
