@@ -248,7 +248,7 @@ def refused(res: subprocess.CompletedProcess[str], *words: str) -> None:
 
 
 class TestChartSecurity:
-    """TLS from kubernetes.io/tls Secrets, tokens from a Secret (#17)."""
+    """TLS from kubernetes.io/tls Secrets, tokens from a Secret, NetworkPolicies (#17)."""
 
     @pytest.mark.parametrize("values", sorted((CHART / "ci").glob("*-values.yaml")),
                              ids=lambda p: p.name)
@@ -445,6 +445,40 @@ class TestChartSecurity:
                     "receivers.pyroscope.tls", "service.admin.tls"):
             assert key in res.stderr, res.stderr
 
+    def test_network_policies(self, helm: str, tmp_path: Path) -> None:
+        """networkPolicy: off by default. On: the gateway's receiver ports from the sources
+        given (any when none), its admin port and the correlator's (all a worker serves)
+        from the monitoring sources only; each policy selects its own tier's pods."""
+        assert not any(kind == "NetworkPolicy" for kind, _ in render(helm, tmp_path))
+        senders = [{"namespaceSelector": {"matchLabels": {"team": "apps"}}},
+                   {"podSelector": {"matchLabels": {"app": "batch"}}}]
+        monitoring = [{"namespaceSelector": {"matchLabels": {
+            "kubernetes.io/metadata.name": "monitoring"}},
+                       "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}]
+        docs = render(helm, tmp_path, {"networkPolicy": {
+            "enabled": True, "receivers": {"from": senders}, "admin": {"from": monitoring}},
+            "gateway": {"otlp": {"grpcPort": 14317}}})
+
+        def ports(rule: Any) -> set[int]:
+            assert all(p["protocol"] == "TCP" for p in rule["ports"])
+            return {p["port"] for p in rule["ports"]}
+
+        for tier in ("gateway", "correlator"):
+            spec = docs[("NetworkPolicy", tier)]["spec"]
+            assert spec["podSelector"]["matchLabels"] == \
+                docs[("Deployment", tier)]["spec"]["selector"]["matchLabels"]
+            assert spec["policyTypes"] == ["Ingress"]
+        gw = docs[("NetworkPolicy", "gateway")]["spec"]["ingress"]
+        assert [(ports(r), r["from"]) for r in gw] == [
+            ({14317, 4318, 4040}, senders), ({13133}, monitoring)]
+        co = docs[("NetworkPolicy", "correlator")]["spec"]["ingress"]
+        assert [(ports(r), r["from"]) for r in co] == [({13133}, monitoring)]
+        # no sources given: receivers from anywhere, the admin ports from no pod
+        docs = render(helm, tmp_path, {"networkPolicy": {"enabled": True},
+                                       "gateway": {"pyroscopePort": 0}})
+        gw = docs[("NetworkPolicy", "gateway")]["spec"]["ingress"]
+        assert [(ports(r), "from" in r) for r in gw] == [({4317, 4318}, False)]
+        assert docs[("NetworkPolicy", "correlator")]["spec"]["ingress"] == []
 
 @pytest.mark.e2e
 class TestRenderedPipelinesRun:
