@@ -15,7 +15,6 @@ from typing import Any
 import msgspec
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from opentelemetry.proto.collector.profiles.v1development import profiles_service_pb2 as pps
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as tps
 
 from pipeline.config import load_file
@@ -32,13 +31,13 @@ from pipeline.kafka import (
     sarama_partition,
 )
 from pipeline.otlp.builder import ProfileBuilder
-from pipeline.otlp.profiles import decode_profiles
 from pipeline.otlp.traces import decode_traces
 from pipeline.receivers.kafka import Config as ReceiverConfig
 from pipeline.receivers.kafka import KafkaReceiver
 from pipeline.records import Batch, SpanBatch
 from pipeline.registry import Context, default_factories
 from tests.kafka_broker import create_topics
+from tests.pipeline import kafka_keyed
 from tests.pipeline.receivers.test_otlp_grpc import TID, span_request
 
 PARTITIONS = 6
@@ -153,47 +152,11 @@ class TestKafkaExporter:
         ex = _exporter(kafka_broker.bootstrap, topics, **({"partitioner": name} if name else {}))
         part = PARTITIONERS[name or "sarama_compat"]
         await ex.start()
-        tids = [bytes([i + 1]) * 16 for i in range(8)]
-        req = tps.ExportTraceServiceRequest()
-        for t in tids:
-            req.MergeFrom(span_request([bytes([7]) * 8, bytes([8]) * 8], trace_id=t))
-        await ex.consume(decode_traces(req).batch)
-        b = ProfileBuilder()
-        for t in tids:
-            b.sample(["f"], 10, t, bytes([7]) * 8, service="svc")
-        b.sample(["unlinked"], 10, service="svc")
-        await ex.consume(decode_profiles(b.build()).batch)
-        await ex.shutdown()
-
-        n_parts = len({part(t.hex().encode(), PARTITIONS) for t in tids})
-        assert 1 < n_parts < len(tids)
-        spans = await _read_all(kafka_broker.bootstrap, topics[0], n_parts)
-        n_sample_msgs = n_parts + 1  # and the unlinked samples
-        assert ex.metrics["sent_messages"] == n_parts + n_sample_msgs
-        samples = await _read_all(kafka_broker.bootstrap, topics[1], n_sample_msgs)
-        span_part = {}
-        for rec in spans:
-            msg = tps.ExportTraceServiceRequest.FromString(rec.value)
-            got = [bytes(s.trace_id).hex() for rs in msg.resource_spans
-                   for ss in rs.scope_spans for s in ss.spans]
-            assert rec.key.decode() in got
-            assert rec.partition == part(rec.key, PARTITIONS)
-            for t in got:
-                assert part(t.encode(), PARTITIONS) == rec.partition
-                span_part[t.encode()] = rec.partition
-            assert len(got) == 2 * len(set(got))  # both spans of each trace
-        assert len(span_part) == len(tids)
-        for rec in samples:
-            d = decode_profiles(pps.ExportProfilesServiceRequest.FromString(rec.value))
-            assert d.rejected == 0
-            if rec.key is None:
-                assert [s.trace_id for s in d.batch.samples] == [b""]
-                continue
-            assert rec.key.decode() in {s.trace_id.hex() for s in d.batch.samples}
-            for s in d.batch.samples:
-                assert rec.partition == span_part[s.trace_id.hex().encode()]
-        assert sum(len(decode_profiles(pps.ExportProfilesServiceRequest.FromString(
-            r.value)).batch.samples) for r in samples) == len(tids) + 1
+        await kafka_keyed.send_load(ex)
+        n_spans, n_samples = kafka_keyed.message_counts(part, PARTITIONS)
+        kafka_keyed.check(part, PARTITIONS, ex,
+                          await _read_all(kafka_broker.bootstrap, topics[0], n_spans),
+                          await _read_all(kafka_broker.bootstrap, topics[1], n_samples))
 
     async def test_big_trace_is_split_not_refused(self, kafka_broker: Any,
                                                   topics: tuple[str, str]) -> None:

@@ -23,7 +23,6 @@ from aiokafka.errors import (
     KafkaTimeoutError,
     OffsetMetadataTooLargeError,
 )
-from opentelemetry.proto.collector.profiles.v1development import profiles_service_pb2 as pps
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as tps
 
 from pipeline.errors import ConfigError, Retryable
@@ -46,6 +45,7 @@ from pipeline.receivers.kafka import Config as ReceiverConfig
 from pipeline.receivers.kafka import KafkaReceiver
 from pipeline.records import Batch, ProfileBatch, SpanBatch
 from pipeline.registry import Context
+from tests.pipeline import kafka_keyed
 from tests.pipeline.receivers.test_otlp_grpc import TID, span_request
 
 PARTITIONS = 6
@@ -90,39 +90,8 @@ class TestExporter:
         ex = _exporter(broker, **({"partitioner": name} if name else {}))
         part = PARTITIONERS[name or "sarama_compat"]
         await ex.start()
-        tids = [bytes([i + 1]) * 16 for i in range(8)]
-        req = tps.ExportTraceServiceRequest()
-        for t in tids:
-            req.MergeFrom(span_request([bytes([7]) * 8, bytes([8]) * 8], trace_id=t))
-        await ex.consume(decode_traces(req).batch)
-        b = ProfileBuilder()
-        for t in tids:
-            b.sample(["f"], 10, t, bytes([7]) * 8, service="svc")
-        b.sample(["unlinked"], 10, service="svc")
-        await ex.consume(decode_profiles(b.build()).batch)
-        await ex.shutdown()
-
-        n_parts = len({part(t.hex().encode(), PARTITIONS) for t in tids})
-        assert 1 < n_parts < len(tids)
-        assert ex.metrics["sent_messages"] == 2 * n_parts + 1
-        span_part: dict[bytes, int] = {}
-        for rec in broker.records(SPANS):
-            got = [bytes(s.trace_id).hex() for s in _spans(rec.value)]
-            assert rec.key is not None and rec.key.decode() in got
-            assert rec.partition == part(rec.key, PARTITIONS)
-            assert {part(t.encode(), PARTITIONS) for t in got} == {rec.partition}
-            assert len(got) == 2 * len(set(got))  # both spans of each trace
-            span_part.update((bytes.fromhex(t), rec.partition) for t in got)
-        assert len(span_part) == len(tids)
-        samples = broker.records(PROFILES)
-        assert len(samples) == n_parts + 1
-        for rec in samples:
-            assert rec.value is not None
-            d = decode_profiles(pps.ExportProfilesServiceRequest.FromString(rec.value))
-            if rec.key is None:
-                assert [s.trace_id for s in d.batch.samples] == [b""]
-            else:
-                assert {span_part[s.trace_id] for s in d.batch.samples} == {rec.partition}
+        await kafka_keyed.send_load(ex)
+        kafka_keyed.check(part, PARTITIONS, ex, broker.records(SPANS), broker.records(PROFILES))
         assert repr(broker.producers[0]).startswith("<MemoryProducer stopped sent=")
 
     async def test_big_trace_is_split_under_max_message_bytes(

@@ -71,6 +71,7 @@ def attempt(port: int, tls: dict[str, Any] | None) -> None:
         connect(cfg, ".")
 
 
+@pytest.mark.filterwarnings("ignore::urllib3.exceptions.InsecureRequestWarning")
 def test_the_ca_decides_whether_a_request_is_sent(
         pki: tuple[CertAuthority, Issued, Issued], monkeypatch: pytest.MonkeyPatch) -> None:
     ca, server, _ = pki
