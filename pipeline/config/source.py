@@ -50,7 +50,8 @@ def parse(text: str, source: str, env: dict[str, str] | None,
 
 
 def _expand(node: Any, path: str, env: dict[str, str], problems: list[str]) -> Any:
-    """Expand ``${env:NAME}`` / ``${env:NAME:-default}`` in every string; ``$$`` is a ``$``.
+    """Expand ``${env:NAME}`` / ``${env:NAME:-default}`` in every string value (and the keys
+    of a ``tokens:`` mapping); ``$$`` is a ``$``.
 
     A value that is one reference as a whole stays a string unless it reads as a YAML list
     or mapping; the typed decoding (``decode``, not strict) then turns
@@ -59,7 +60,10 @@ def _expand(node: Any, path: str, env: dict[str, str], problems: list[str]) -> A
     and nothing).
     """
     if isinstance(node, dict):
-        return {k: _expand(v, join(path, k), env, problems) for k, v in node.items()}
+        # an auth extension's inline tokens are the keys of its ``tokens:`` mapping
+        keys_too = path.rsplit(".", 1)[-1] == "tokens"
+        return {(_expand(k, join(path, k), env, problems) if keys_too else k):
+                _expand(v, join(path, k), env, problems) for k, v in node.items()}
     if isinstance(node, list):
         return [_expand(v, f"{path}[{i}]", env, problems) for i, v in enumerate(node)]
     if not isinstance(node, str) or "$" not in node:
