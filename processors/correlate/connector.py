@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 
 import msgspec
@@ -90,7 +91,8 @@ class SpanCorrelator:
                                      max_bytes=cfg.max_state_mib << 20)
         self._outbox: list[AttributionBatch] = []
         # Kafka tier: spans of this worker's partitions, for the rows of later samples
-        self._seen_spans: SpanLookup = {}
+        # oldest forgotten first: an OrderedDict's first item is O(1), a dict's is not
+        self._seen_spans: SpanLookup = OrderedDict()
         self._task: asyncio.Task[None] | None = None
         self._stopped = False
         self._lock = asyncio.Lock()
