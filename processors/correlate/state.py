@@ -303,7 +303,14 @@ class CorrelatorState(Placement):
             rows.extend(_rows(key, info, acc))
         self._evicted.clear()
 
-        for key in [k for k, p in self.spans.items() if force or p.ready_at <= now]:
+        # in arrival order, so in ready_at order (now + grace, the clock monotonic): the due
+        # ones are a prefix, and the scan stops at the first not due (not all held spans)
+        due: list[Key] = []
+        for k, p in self.spans.items():
+            if not force and p.ready_at > now:
+                break
+            due.append(k)
+        for key in due:
             p = self.spans.pop(key)
             self._items -= p.acc.items()
             rows.extend(_rows(key, p.info, p.acc))
