@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import msgspec
+
 from pipeline.records import Sample
 from processors.correlate.accumulators import Acc
 
@@ -19,8 +21,10 @@ SLOT_NS = 1_000_000_000  # the time index for unlabelled samples: one-second slo
 MAX_SLOTS = 3600  # a span longer than an hour is matched in its first hour only
 
 
-@dataclass(slots=True)
-class SpanInfo:
+# gc=False (here and in Pending): hundreds of thousands are held at once, and the garbage
+# collector scanning them made every collection of the young generations 60-150 ms at
+# 10 k spans/s with a 60 s grace; they hold no cycles (refcounting frees them)
+class SpanInfo(msgspec.Struct, gc=False):
     service: str
     name: str
     parent_span_id: bytes
@@ -35,8 +39,7 @@ class SpanInfo:
         return self.start_ns + self.duration_ns
 
 
-@dataclass(slots=True)
-class Pending:
+class Pending(msgspec.Struct, gc=False):
     info: SpanInfo
     acc: Acc
     ready_at: float
