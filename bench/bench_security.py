@@ -17,7 +17,6 @@ import argparse
 import http.client
 import os
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -31,6 +30,7 @@ import grpc
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.bench_latency import free_port  # noqa: E402
 from bench.bench_pipeline import TRACE, trace_requests  # noqa: E402
 from tests.certs import CertAuthority  # noqa: E402
 
@@ -53,12 +53,6 @@ service:
   pipelines:
     traces: {{receivers: [otlp], exporters: [debug]}}
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def cpu_seconds(pid: int) -> float:

@@ -40,7 +40,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import contextlib
 import hashlib
 import hmac
 import math
@@ -55,6 +54,7 @@ import msgspec
 import structlog
 import yaml
 
+from pipeline.background import file_stamp, stop_task
 from pipeline.config.ranges import Duration
 from pipeline.errors import ConfigError, InvalidData
 from pipeline.registry import Context, Factory
@@ -216,16 +216,6 @@ def _read_text(path: str, where: str, problems: list[str]) -> str | None:
         return None
 
 
-def _file_stamp(path: str) -> tuple[int, ...]:
-    """What tells a changed file apart: a rename into place changes the inode, an edit in
-    place the size or the mtime. A missing file is a stamp too (its errno)."""
-    try:
-        st = os.stat(path)
-    except OSError as err:
-        return (err.errno or -1,)
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-
-
 class _Loaded(NamedTuple):
     tenants: dict[bytes, str]
     problems: list[str]
@@ -257,9 +247,9 @@ class TokenAuth:
     def _load(self) -> _Loaded:
         """Runs in a thread: the file may sit on a slow disk."""
         path = self.cfg.tokens_file
-        before = _file_stamp(path) if path else ()
+        before = file_stamp(path) if path else ()
         tenants, problems = collect_tokens(self.cfg, self._where, self._digest)
-        after = _file_stamp(path) if path else ()
+        after = file_stamp(path) if path else ()
         return _Loaded(tenants, problems, before, settled=before == after)
 
     async def start(self) -> None:
@@ -279,17 +269,14 @@ class TokenAuth:
     async def shutdown(self) -> None:
         """Stop watching the file. Idempotent, and safe without ``start()``."""
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await stop_task(task)
 
     async def _watch(self) -> None:
         path = self.cfg.tokens_file
         while True:
             await asyncio.sleep(self.cfg.reload_interval)
             try:
-                if await asyncio.to_thread(_file_stamp, path) != self._stamp:
+                if await asyncio.to_thread(file_stamp, path) != self._stamp:
                     self._reload(await asyncio.to_thread(self._load))
             except Exception as err:  # a bug here must not end the watching
                 self.metrics["tokens_reload_failed"] += 1

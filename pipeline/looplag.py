@@ -15,6 +15,8 @@ import time
 
 import structlog
 
+from pipeline.background import stop_task
+
 # upper bounds, seconds: the acknowledgement target is 50 ms at p99
 BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
@@ -49,13 +51,8 @@ class LoopLag:
         self._task = asyncio.create_task(self.run(), name="event-loop-lag")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        task, self._task = self._task, None
+        await stop_task(task)
 
     def prometheus(self) -> list[str]:
         name = "spanprof_event_loop_lag_seconds"

@@ -26,11 +26,11 @@ disconnected; the listener goes on serving.
 from __future__ import annotations
 
 import asyncio
-import os
 import ssl
 import threading
 from typing import Any
 
+from pipeline.background import file_stamp, stop_task
 from pipeline.config.tls import TlsConfig, server_context
 
 
@@ -39,15 +39,8 @@ def _read(path: str) -> bytes:
         return f.read()
 
 
-def _stamp(paths: list[str]) -> tuple[tuple[int, int, int], ...]:
-    out = []
-    for p in paths:
-        try:
-            st = os.stat(p)
-            out.append((st.st_mtime_ns, st.st_size, st.st_ino))
-        except OSError:
-            out.append((0, 0, 0))
-    return tuple(out)
+def _stamp(paths: list[str]) -> tuple[tuple[int, ...], ...]:
+    return tuple(file_stamp(p) for p in paths)
 
 
 class ServerTls:
@@ -122,10 +115,5 @@ class ServerTls:
             self._task = asyncio.create_task(self._watch(), name=f"tls-reload {self.key}")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        task, self._task = self._task, None
+        await stop_task(task)
