@@ -39,9 +39,7 @@ from pipeline.config.tls import TlsConfig
 from pipeline.graph import Graph
 from pipeline.log import redact
 from pipeline.looplag import LoopLag
-from pipeline.receivers.authn import http_middleware
 from pipeline.receivers.http import ServerLimits, serve
-from pipeline.tls import ServerTls
 
 MAX_LIMIT = 10_000
 MAX_TEXT = 1024  # characters in a service or operation name
@@ -62,8 +60,7 @@ class AdminServer:
                  tls: TlsConfig | None = None, auth: TokenAuth | None = None) -> None:
         self.endpoint = endpoint
         self.auth = auth  # all but /health (orchestrators' probes) need a token
-        self.tls = ServerTls(tls, "service.admin.tls", structlog.get_logger().bind(
-            component="admin")) if tls is not None else None
+        self.tls = tls
         self.loop_lag = loop_lag
         self.limits = limits or ServerLimits()
         self.guard_metrics: Counter[str] = Counter()  # the listener's guards
@@ -89,18 +86,12 @@ class AdminServer:
         host, _, port = self.endpoint.rpartition(":")
         self._runner, self.port = await serve(
             app, f"{host or '127.0.0.1'}:{port}", "service.admin.endpoint", self.limits,
-            self.guard_metrics, self.log,
-            ssl_context=self.tls.ssl_context() if self.tls is not None else None,
-            auth=http_middleware(self.auth, self.guard_metrics, open_paths=("/health",))
-            if self.auth is not None else None)
-        if self.tls is not None:
-            self.tls.start()
+            self.guard_metrics, self.log, tls=self.tls, auth=self.auth,
+            open_paths=("/health",))
         self.log.info("admin_listening", endpoint=self.endpoint, port=self.port,
                       tls=self.tls is not None)
 
     async def shutdown(self) -> None:
-        if self.tls is not None:
-            await self.tls.stop()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None

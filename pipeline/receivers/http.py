@@ -27,6 +27,7 @@ import asyncio
 import ssl
 import time
 from collections import Counter
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,7 +36,11 @@ from aiohttp import web
 from aiohttp.streams import StreamReader
 from aiohttp.web_protocol import RequestHandler
 
+from pipeline.auth import TokenAuth
+from pipeline.config.tls import TlsConfig
 from pipeline.errors import ConfigError
+from pipeline.receivers.authn import http_middleware
+from pipeline.tls import ServerTls
 
 
 @dataclass(frozen=True)
@@ -285,29 +290,37 @@ class _GuardedSite(web.TCPSite):
 async def serve(app: web.Application, endpoint: str, where: str,
                 limits: ServerLimits | None = None, metrics: Counter[str] | None = None,
                 log: Any = None, auto_decompress: bool = True,
-                ssl_context: ssl.SSLContext | None = None,
-                auth: Any = None) -> tuple[web.AppRunner, int]:
+                tls: TlsConfig | None = None, auth: TokenAuth | None = None,
+                open_paths: Collection[str] = ()) -> tuple[web.AppRunner, int]:
     """Start ``app`` on ``endpoint`` (port 0 picks a free one) behind ``limits``; return the
-    runner and port. ``where`` is the config key named when the port cannot be bound;
-    guard counters go to ``metrics``. ``auto_decompress=False`` leaves gzip bodies to
-    ``read_body`` (which counts the bytes as sent). ``ssl_context``: TLS (pipeline/tls.py);
-    ``auth``: a middleware checking tokens before the app's handlers (``authn.py``)."""
+    runner and port. ``where`` is the config key of the endpoint, named when the port
+    cannot be bound; guard counters go to ``metrics``. ``auto_decompress=False`` leaves
+    gzip bodies to ``read_body`` (which counts the bytes as sent). ``tls``: the listener's
+    certificates, served and reloaded until the runner is cleaned up (pipeline/tls.py);
+    ``auth``: every path but ``open_paths`` needs a token (``authn.py``)."""
     log = log or structlog.get_logger()
+    metrics = metrics if metrics is not None else Counter()
     app.middlewares.append(_track)  # first: the body's clock starts before anything else
     app.middlewares.append(_faults(log))
     if auth is not None:
-        app.middlewares.append(auth)
-    listener = _Listener(limits or ServerLimits(), metrics if metrics is not None
-                         else Counter(), log)
+        app.middlewares.append(http_middleware(auth, metrics, open_paths))
+    server_tls = None
+    if tls is not None:
+        server_tls = ServerTls(tls, where.removesuffix("endpoint") + "tls", log)
+        app.on_cleanup.append(lambda _: server_tls.stop())
+    listener = _Listener(limits or ServerLimits(), metrics, log)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     host, _, port = endpoint.rpartition(":")
-    site = _GuardedSite(runner, host, int(port), listener, auto_decompress, ssl_context)
+    site = _GuardedSite(runner, host, int(port), listener, auto_decompress,
+                        server_tls.ssl_context() if server_tls is not None else None)
     try:
         await site.start()
     except OSError as err:
         await runner.cleanup()
         raise ConfigError(f"{where}: cannot listen on {endpoint}: {err.strerror}") from None
+    if server_tls is not None:
+        server_tls.start()
     sockets = getattr(site._server, "sockets", None) or []
     return runner, sockets[0].getsockname()[1] if sockets else int(port)
 

@@ -9,11 +9,10 @@ from typing import Any
 
 from aiohttp import web
 
-from pipeline.receivers.authn import authenticator, http_middleware
+from pipeline.receivers.authn import authenticator
 from pipeline.receivers.http import ServerLimits, app_for, serve
 from pipeline.receivers.idempotency import RecentRequests, preload_recent, request_key
 from pipeline.registry import Context
-from pipeline.tls import ServerTls
 
 
 class HttpReceiver:
@@ -34,7 +33,6 @@ class HttpReceiver:
         self.limits = ServerLimits.of(cfg)
         self._runner: web.AppRunner | None = None
         self.port: int | None = None
-        self.tls: ServerTls | None = None
         # resent requests delivered once; clients not kept waiting on a failing store
         self.recent = RecentRequests(stalled=getattr(ctx.store, "stalled", None))
 
@@ -58,23 +56,15 @@ class HttpReceiver:
         app = app_for(self.cfg.max_decompressed_bytes)
         self.routes(app)
         key = f"receivers.{self.ctx.id}.{self.endpoint_key}"
-        auth = authenticator(self.cfg.auth, self.ctx.authenticators,
-                             key.removesuffix(".endpoint"))
-        if self.cfg.tls is not None:
-            self.tls = ServerTls(self.cfg.tls, key.removesuffix("endpoint") + "tls", self.log)
         self._runner, self.port = await serve(
             app, self.cfg.endpoint, key, self.limits, self.metrics, self.log,
-            auto_decompress=False,
-            ssl_context=self.tls.ssl_context() if self.tls is not None else None,
-            auth=http_middleware(auth, self.metrics) if auth is not None else None)
-        if self.tls is not None:
-            self.tls.start()
+            auto_decompress=False, tls=self.cfg.tls,
+            auth=authenticator(self.cfg.auth, self.ctx.authenticators,
+                               key.removesuffix(".endpoint")))
         self.log.info(f"{self.event}_listening", endpoint=self.cfg.endpoint, port=self.port,
-                      tls=self.tls is not None)
+                      tls=self.cfg.tls is not None)
 
     async def shutdown(self) -> None:
-        if self.tls is not None:
-            await self.tls.stop()
         if self._runner is not None:
             await self._runner.cleanup()  # finishes requests in flight
             self._runner = None
