@@ -91,6 +91,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _admin_args(c: argparse.ArgumentParser) -> None:
+    """How a query command reaches the admin API of ``spanprof run``."""
+    c.add_argument("--admin", default=DEFAULT_ADMIN, help="admin API of `spanprof run`")
+    c.add_argument("--cacert", default=DEFAULT_CACERT,
+                   help="CA file for an https admin API (SPANPROF_CACERT)")
+    c.add_argument("--token", default=DEFAULT_TOKEN,
+                   help="token for an admin API with auth on (SPANPROF_TOKEN)")
+
+
 def _get(args: argparse.Namespace, path: str, params: dict[str, Any]) -> Any:
     q = urllib.parse.urlencode({k: v for k, v in params.items() if v is not None})
     url = f"{args.admin.rstrip('/')}{path}" + (f"?{q}" if q else "")
@@ -273,11 +282,7 @@ def parser() -> argparse.ArgumentParser:
     v.set_defaults(func=cmd_validate)
     for name, helptext in (("top", "spans by CPU or duration"), ("explain", "one trace")):
         c = sub.add_parser(name, help=helptext)
-        c.add_argument("--admin", default=DEFAULT_ADMIN, help="admin API of `spanprof run`")
-        c.add_argument("--cacert", default=DEFAULT_CACERT,
-                       help="CA file for an https admin API (SPANPROF_CACERT)")
-        c.add_argument("--token", default=DEFAULT_TOKEN,
-                       help="token for an admin API with auth on (SPANPROF_TOKEN)")
+        _admin_args(c)
         c.add_argument("--method", default="exact",
                        help="rows to add up: exact (link, link+time; the default), all, or "
                             "a comma-separated list of link, link+time, link+share, thread, window")
@@ -298,11 +303,7 @@ def parser() -> argparse.ArgumentParser:
     d = sub.add_parser("diff", help="which functions got more expensive between two ranges")
     f = sub.add_parser("flamegraph", help="an SVG flame graph of a span or an operation")
     for c in (h, d, f):
-        c.add_argument("--admin", default=DEFAULT_ADMIN, help="admin API of `spanprof run`")
-        c.add_argument("--cacert", default=DEFAULT_CACERT,
-                       help="CA file for an https admin API (SPANPROF_CACERT)")
-        c.add_argument("--token", default=DEFAULT_TOKEN,
-                       help="token for an admin API with auth on (SPANPROF_TOKEN)")
+        _admin_args(c)
         c.add_argument("--method", default="exact", help=method_help)
     for c in (h, d):
         c.add_argument("--service", required=True)
