@@ -31,10 +31,7 @@ class TlsConfig(msgspec.Struct, forbid_unknown_fields=True):
         for name in ("cert_file", "key_file"):
             if not getattr(self, name):
                 raise ConfigError(f"{key}.{name}: required when tls is set")
-        for name in ("cert_file", "key_file", "client_ca_file"):
-            path = getattr(self, name)
-            if path and not os.access(path, os.R_OK):
-                raise ConfigError(f"{key}.{name}: cannot read {path}")
+        _check_readable(self, key, ("cert_file", "key_file", "client_ca_file"))
         if grpc_listener and self.min_version != "1.2":
             raise ConfigError(f"{key}.min_version: the gRPC listener cannot refuse TLS 1.2 "
                               "(grpc's Python API offers 1.2 and 1.3): leave it at 1.2")
@@ -46,6 +43,14 @@ class TlsConfig(msgspec.Struct, forbid_unknown_fields=True):
             raise ConfigError(f"{key}: cannot use {self.cert_file} / {self.key_file}"
                               f"{' / ' + self.client_ca_file if self.client_ca_file else ''}"
                               f": {err}") from None
+
+
+def _check_readable(cfg: msgspec.Struct, key: str, names: tuple[str, ...]) -> None:
+    """Each file ``cfg`` names under ``names`` (where set) can be read."""
+    for name in names:
+        path = getattr(cfg, name)
+        if path and not os.access(path, os.R_OK):
+            raise ConfigError(f"{key}.{name}: cannot read {path}")
 
 
 def server_context(cfg: TlsConfig) -> ssl.SSLContext:
@@ -70,10 +75,7 @@ class ClientTls(msgspec.Struct, forbid_unknown_fields=True):
     def validate(self, key: str) -> None:
         if bool(self.cert_file) != bool(self.key_file):
             raise ConfigError(f"{key}: cert_file and key_file go together")
-        for name in ("ca_file", "cert_file", "key_file"):
-            path = getattr(self, name)
-            if path and not os.access(path, os.R_OK):
-                raise ConfigError(f"{key}.{name}: cannot read {path}")
+        _check_readable(self, key, ("ca_file", "cert_file", "key_file"))
         try:
             client_context(self)
         except (OSError, ssl.SSLError, ValueError) as err:
