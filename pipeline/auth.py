@@ -57,9 +57,9 @@ import yaml
 from pipeline.background import file_stamp, stop_task
 from pipeline.config.ranges import Duration
 from pipeline.errors import ConfigError, InvalidData
+from pipeline.records import DEFAULT_TENANT as DEFAULT_TENANT  # re-exported
 from pipeline.registry import Context, Factory
 
-DEFAULT_TENANT = "default"
 # \Z, not $: `$` also matches before a final newline, so "team-a\n" would pass re.match
 TENANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
 TENANT_RULE = "1-64 letters, digits, '.', '_' or '-', starting with a letter or digit"

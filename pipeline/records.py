@@ -16,6 +16,10 @@ import msgspec
 Signal = Literal["traces", "profiles", "attributions"]
 SIGNALS: tuple[Signal, ...] = ("traces", "profiles", "attributions")
 
+# the tenant of data sent where auth is off and no ``X-Scope-OrgID`` names one
+# (``pipeline/auth.py``); every batch belongs to exactly one tenant
+DEFAULT_TENANT = "default"
+
 # How a sample's value is to be read.  ``cpu`` and ``wall``/``off_cpu`` are time in
 # nanoseconds and are never added together: CPU explains on-CPU time, wall explains waiting.
 Measure = Literal["cpu", "wall", "off_cpu", "other"]
@@ -118,6 +122,9 @@ class SpanBatch(msgspec.Struct):
     # do: ``Factory.records``), ``spans`` is empty and this says how many spans ``sources``
     # hold; -1: ``spans`` are the items
     items: int = -1
+    # whose data this is: from the request's token, or ``X-Scope-OrgID`` where auth is off
+    # (``pipeline/auth.py``); one batch never mixes tenants (``concat``)
+    tenant: str = DEFAULT_TENANT
 
     def __len__(self) -> int:
         return len(self.spans) if self.items < 0 else self.items
@@ -132,6 +139,7 @@ class ProfileBatch(msgspec.Struct):
     origin: str = ""
     parts: list[tuple[str, int]] = []
     requests: list[tuple[int, int]] = []  # as SpanBatch.requests
+    tenant: str = DEFAULT_TENANT  # as SpanBatch.tenant
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -190,6 +198,7 @@ class AttributionBatch(msgspec.Struct):
     # the Kafka block these rows derive from: inserted under its token, so that a block
     # delivered again reaches the aggregates once
     origin: str = ""
+    tenant: str = DEFAULT_TENANT  # as SpanBatch.tenant: the spans' and samples' tenant
 
     def __len__(self) -> int:
         return len(self.attributions) + len(self.unattributed)
@@ -202,17 +211,23 @@ def concat(batches: list[Batch]) -> Batch:
     """Batches of one signal as one, in order: items, stacks, the requests as received
     (``sources``) and the client requests' runs (``requests``). The one concatenation of
     the pipeline (the batch processor, the Pyroscope receiver's profiles of one push, the
-    Kafka receiver's blocks, which then name the block: ``origin``, ``parts``)."""
+    Kafka receiver's blocks, which then name the block: ``origin``, ``parts``). The
+    batches are of one tenant: callers group by it (``by_tenant``)."""
     first = batches[0]
     if len(batches) == 1:
         return first
+    tenant = first.tenant
+    if any(b.tenant != tenant for b in batches):
+        raise ValueError(f"concat: batches of tenants {sorted({b.tenant for b in batches})} "
+                         "cannot be one batch")
     if isinstance(first, SpanBatch):
         spans = [b for b in batches if isinstance(b, SpanBatch)]
         lean = any(b.items >= 0 for b in spans)
         return SpanBatch([s for b in spans for s in b.spans],
                          sources=[x for b in spans for x in b.sources],
                          requests=_requests(batches),
-                         items=sum(len(b) for b in spans) if lean else -1)
+                         items=sum(len(b) for b in spans) if lean else -1,
+                         tenant=tenant)
     if isinstance(first, ProfileBatch):
         profiles = [b for b in batches if isinstance(b, ProfileBatch)]
         stacks: dict[int, Stack] = {}
@@ -220,10 +235,18 @@ def concat(batches: list[Batch]) -> Batch:
             stacks.update(b.stacks)
         return ProfileBatch([s for b in profiles for s in b.samples], stacks,
                             sources=[x for b in profiles for x in b.sources],
-                            requests=_requests(batches))
+                            requests=_requests(batches), tenant=tenant)
     rows = [b for b in batches if isinstance(b, AttributionBatch)]
     return AttributionBatch([a for b in rows for a in b.attributions],
-                            [u for b in rows for u in b.unattributed])
+                            [u for b in rows for u in b.unattributed], tenant=tenant)
+
+
+def by_tenant(batches: list[Batch]) -> dict[str, list[Batch]]:
+    """``batches`` grouped by tenant, each group in order (what ``concat`` can join)."""
+    out: dict[str, list[Batch]] = {}
+    for b in batches:
+        out.setdefault(b.tenant, []).append(b)
+    return out
 
 
 def _requests(batches: list[Batch]) -> list[tuple[int, int]]:
