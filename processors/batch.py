@@ -2,7 +2,8 @@
 
 Many SDKs export a handful of spans per request; ClickHouse wants thousands of rows per
 insert. Callers still learn the truth: each one awaits the send of the merged batch that
-contains its data, and gets its error if that send fails::
+contains its data, and gets its error if that send fails. Tenants are batched apart (a batch
+is one tenant's)::
 
     processors:
       batch:
@@ -71,9 +72,16 @@ class BatchProcessor:
             return
         items, waiters = self._items, self._waiters
         self._items, self._waiters, self._size = [], [], 0
-        task = asyncio.create_task(self._deliver(concat(items), waiters))
-        self._sends.add(task)
-        task.add_done_callback(self._sends.discard)
+        # one batch per tenant: a batch never mixes them (pipeline.records.concat)
+        groups: dict[str, tuple[list[Batch], list[asyncio.Future[None]]]] = {}
+        for item, waiter in zip(items, waiters, strict=True):
+            group = groups.setdefault(item.tenant, ([], []))
+            group[0].append(item)
+            group[1].append(waiter)
+        for group_items, group_waiters in groups.values():
+            task = asyncio.create_task(self._deliver(concat(group_items), group_waiters))
+            self._sends.add(task)
+            task.add_done_callback(self._sends.discard)
 
     async def _deliver(self, batch: Batch, waiters: list[asyncio.Future[None]]) -> None:
         try:

@@ -297,13 +297,14 @@ async def serve(app: web.Application, endpoint: str, where: str,
     cannot be bound; guard counters go to ``metrics``. ``auto_decompress=False`` leaves
     gzip bodies to ``read_body`` (which counts the bytes as sent). ``tls``: the listener's
     certificates, served and reloaded until the runner is cleaned up (pipeline/tls.py);
-    ``auth``: every path but ``open_paths`` needs a token (``authn.py``)."""
+    ``auth``: every path but ``open_paths`` needs a token (``authn.py``), and every
+    request gets its tenant (``authn.TENANT``) from it or from ``X-Scope-OrgID``."""
     log = log or structlog.get_logger()
     metrics = metrics if metrics is not None else Counter()
     app.middlewares.append(_track)  # first: the body's clock starts before anything else
     app.middlewares.append(_faults(log))
-    if auth is not None:
-        app.middlewares.append(http_middleware(auth, metrics, open_paths))
+    # every request's tenant: its token's with ``auth``, else X-Scope-OrgID's or default
+    app.middlewares.append(http_middleware(auth, metrics, open_paths))
     server_tls = None
     if tls is not None:
         server_tls = ServerTls(tls, where.removesuffix("endpoint") + "tls", log)

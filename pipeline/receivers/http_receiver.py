@@ -11,7 +11,7 @@ from aiohttp import web
 
 from pipeline.receivers.authn import authenticator
 from pipeline.receivers.http import ServerLimits, app_for, serve
-from pipeline.receivers.idempotency import RecentRequests, preload_recent, request_key
+from pipeline.receivers.idempotency import RecentRequests, preload_recent, tenant_request_key
 from pipeline.registry import Context
 
 
@@ -36,11 +36,13 @@ class HttpReceiver:
         # resent requests delivered once; clients not kept waiting on a failing store
         self.recent = RecentRequests(stalled=getattr(ctx.store, "stalled", None))
 
-    async def deliver_once(self, signal: str, batch: Any, *key_parts: bytes | str) -> None:
-        """Hand ``batch`` on unless the same request (``key_parts``: what identifies it,
-        e.g. its path and body) is being delivered or was delivered lately; see
-        ``pipeline/receivers/idempotency.py``."""
-        key = request_key(*key_parts)
+    async def deliver_once(self, signal: str, batch: Any, tenant: str,
+                           *key_parts: bytes | str) -> None:
+        """Hand ``batch`` on, as ``tenant``'s, unless the same request (``key_parts``: what
+        identifies it, e.g. its path and body) of the same tenant is being delivered or was
+        delivered lately; see ``pipeline/receivers/idempotency.py``."""
+        batch.tenant = tenant
+        key = tenant_request_key(tenant, *key_parts)
         batch.requests = [(key, len(batch))]  # stored with the rows (a restart knows it)
         if await self.recent.deliver(key, lambda: self.ctx.next[signal].consume(batch)):
             self.metrics["duplicate_requests"] += 1

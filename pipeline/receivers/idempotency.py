@@ -43,6 +43,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from pipeline.errors import Retryable
+from pipeline.records import DEFAULT_TENANT
 
 RECENT_S = 600.0  # how long a delivered request is remembered (clients give up well before)
 RECENT_MAX = 100_000  # at most this many remembered (oldest forgotten first)
@@ -60,6 +61,12 @@ def request_key(*parts: bytes | str) -> int:
         h.update(len(data).to_bytes(8, "little"))
         h.update(data)
     return int.from_bytes(h.digest(), "little") or 1
+
+
+def tenant_request_key(tenant: str, *parts: bytes | str) -> int:
+    """``request_key`` of a tenant's request: the same bytes sent by two tenants are two
+    requests. The default tenant's ids are ``request_key``'s (as before tenants were)."""
+    return request_key(*parts) if tenant == DEFAULT_TENANT else request_key(*parts, tenant)
 
 
 async def stored_request_ids(store: Any, seconds: float = RECENT_S,

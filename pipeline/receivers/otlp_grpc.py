@@ -59,8 +59,8 @@ from pipeline.errors import ConfigError, InvalidData, Retryable, TooLarge
 from pipeline.otlp.bounds import RecordsLimit
 from pipeline.otlp.profiles import decode_profiles
 from pipeline.otlp.traces import decode_traces
-from pipeline.receivers.authn import REFUSED, authenticator
-from pipeline.receivers.idempotency import RecentRequests, preload_recent, request_key
+from pipeline.receivers.authn import Refusal, authenticator, grpc_tenant
+from pipeline.receivers.idempotency import RecentRequests, preload_recent, tenant_request_key
 from pipeline.receivers.limits import check_items, count_items
 from pipeline.registry import Context
 from pipeline.tls import ServerTls
@@ -200,12 +200,14 @@ class GrpcServer:
     async def _export(self, signal: str, data: bytes,
                       context: grpc.aio.ServicerContext) -> bytes:
         """One Export call of either service, if fewer than ``max_concurrent_requests``
-        are being handled; otherwise UNAVAILABLE with a delay, before any parsing. With
-        ``auth``, a call without a known token is UNAUTHENTICATED first."""
-        if self.auth is not None and \
-                self.auth.tenant_of_grpc(context.invocation_metadata() or ()) is None:
-            self.metrics["unauthenticated_requests"] += 1
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, REFUSED)
+        are being handled; otherwise UNAVAILABLE with a delay, before any parsing. First
+        its tenant (``authn.grpc_tenant``): with ``auth``, a call without a known token is
+        UNAUTHENTICATED; an ``x-scope-orgid`` naming another tenant PERMISSION_DENIED."""
+        tenant = grpc_tenant(self.auth, context.invocation_metadata())
+        if isinstance(tenant, Refusal):
+            self.metrics[tenant.metric] += 1
+            await context.abort(tenant.grpc, tenant.message)
+            raise AssertionError("abort returned")  # it raises; this tells mypy
         limit = self.cfg.max_concurrent_requests
         if self._in_flight >= limit:
             self.metrics["throttled_requests"] += 1
@@ -215,12 +217,12 @@ class GrpcServer:
                                 trailing_metadata=retry_trailers(msg, RETRY_BUSY_S))
         self._in_flight += 1
         try:
-            return await self._export_admitted(signal, data, context)
+            return await self._export_admitted(signal, data, context, tenant)
         finally:
             self._in_flight -= 1
 
     async def _export_admitted(self, signal: str, data: bytes,
-                               context: grpc.aio.ServicerContext) -> bytes:
+                               context: grpc.aio.ServicerContext, tenant: str) -> bytes:
         """Parse, validate, deliver and answer one Export call."""
         request_type, response_type, decode, rejected_field = _SERVICES[signal]
         try:
@@ -239,7 +241,9 @@ class GrpcServer:
         decoded = decode(req, self.ctx.records.get(signal, True), data) \
             if signal == "traces" else decode(req)
         if len(decoded.batch):
-            await self._deliver(signal, decoded.batch, context, request_key(signal, data))
+            decoded.batch.tenant = tenant
+            await self._deliver(signal, decoded.batch, context,
+                                tenant_request_key(tenant, signal, data))
         resp = response_type()
         if decoded.rejected:
             self.metrics[f"refused_{rejected_field.split('_', 1)[1]}"] += decoded.rejected

@@ -34,6 +34,7 @@ from pipeline.otlp import jsonwire
 from pipeline.otlp.bounds import RecordsLimit
 from pipeline.otlp.profiles import decode_profiles
 from pipeline.otlp.traces import decode_traces
+from pipeline.receivers.authn import TENANT
 from pipeline.receivers.http_body import BodyTimeout, UnsupportedEncoding, read_body
 from pipeline.receivers.http_receiver import HttpReceiver
 from pipeline.receivers.limits import check_items, count_items
@@ -136,7 +137,8 @@ class HttpServer(HttpReceiver):
                                {"Connection": "close"})
         except CLIENT_FAULTS as err:
             return self._malformed(err, request_type.__name__, is_json)
-        return await self._deliver(route, decoded, is_json, request.path, body)
+        return await self._deliver(route, decoded, is_json, request[TENANT],
+                                   request.path, body)
 
     def _malformed(self, err: Exception, what: str, is_json: bool) -> web.Response:
         """400 for a body that cannot be read as ``what``. An exception other than the
@@ -150,14 +152,14 @@ class HttpServer(HttpReceiver):
         return self._error(400, f"request body is not an {what}: {detail}", is_json)
 
     async def _deliver(self, route: tuple[str, Any, Any, str], decoded: Any,
-                       is_json: bool, path: str, body: bytes) -> web.Response:
+                       is_json: bool, tenant: str, path: str, body: bytes) -> web.Response:
         """Hand the batch on (once, if the client sends it again); answer once the pipeline
         has it (or says when to retry)."""
         signal, request_type, _, rejected_field = route
         items = ITEMS[signal]
         try:
             if len(decoded.batch):
-                await self.deliver_once(signal, decoded.batch, path, body)
+                await self.deliver_once(signal, decoded.batch, tenant, path, body)
         except InvalidData as err:
             self.metrics[f"refused_{items}"] += len(decoded.batch)
             return self._error(400, str(err), is_json)

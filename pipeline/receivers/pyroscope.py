@@ -55,6 +55,7 @@ from pipeline.pyroscope.ingest import (  # parse_*: this module's API before ing
     parse_sample_type_config,
 )
 from pipeline.pyroscope.messages import PushRequest, PushResponse
+from pipeline.receivers.authn import TENANT
 from pipeline.receivers.http_body import BodyTimeout, UnsupportedEncoding, read_body
 from pipeline.receivers.http_receiver import HttpReceiver
 from pipeline.receivers.limits import check_items
@@ -143,14 +144,15 @@ class PyroscopeReceiver(HttpReceiver):
         return await read_body(request, self.cfg.max_request_bytes,
                                self.cfg.max_decompressed_bytes)
 
-    async def _deliver(self, batches: list[ProfileBatch], *key: bytes | str) -> None:
+    async def _deliver(self, batches: list[ProfileBatch], tenant: str,
+                       *key: bytes | str) -> None:
         """Hand the push on, once if the client sends the same one again (``key``: what
         identifies it, see ``pipeline/receivers/idempotency.py``)."""
         batch = concat(batches) if batches else ProfileBatch([], {})  # type: ignore[arg-type]
         check_items(len(batch), self.cfg.max_samples_per_request, "samples",
                     "max_samples_per_request")
         if len(batch):
-            await self.deliver_once("profiles", batch, *key)
+            await self.deliver_once("profiles", batch, tenant, *key)
         self.metrics["accepted_samples"] += len(batch)
 
     async def _handle(self, work: Any, connect: bool) -> web.Response:
@@ -181,7 +183,8 @@ class PyroscopeReceiver(HttpReceiver):
     async def push(self, request: web.Request) -> web.Response:
         async def work() -> None:
             body = await self._body(request)
-            await self._deliver(decode_push(body, self.cfg), request.path, body)
+            await self._deliver(decode_push(body, self.cfg), request[TENANT], request.path,
+                                body)
         return await self._handle(work, connect=True)
 
     async def ingest(self, request: web.Request) -> web.Response:
@@ -190,7 +193,8 @@ class PyroscopeReceiver(HttpReceiver):
             got = decode_ingest(request.query, request.headers.get("Content-Type", ""),
                                 data, self.cfg.max_decompressed_bytes, self.cfg.limits)
             # keyed by what the form holds, not its bytes: a resend may draw a new boundary
-            await self._deliver([got.batch], request.path, request.query_string, *got.key)
+            await self._deliver([got.batch], request[TENANT], request.path,
+                                request.query_string, *got.key)
         return await self._handle(work, connect=False)
 
 

@@ -104,6 +104,28 @@ class TestMerging:
         assert fake.calls == 1
         assert names(fake.batches[0]) == ["op0", "op1", "op2"]
 
+    async def test_tenants_are_batched_apart(self) -> None:
+        """Batches of two tenants waiting together go down as one batch per tenant, each
+        in order and naming its tenant; every caller is answered."""
+        fake = FakeConsumer()
+        bp = processor(fake, send_batch_size=4)
+        sent = [spans(0), spans(1), spans(2), spans(3)]
+        sent[1].tenant = sent[3].tenant = "team-b"
+        tasks = [asyncio.create_task(bp.consume(b)) for b in sent]
+        await asyncio.wait_for(asyncio.gather(*tasks), timeout=5)
+        got = {b.tenant: names(b) for b in fake.batches}
+        assert got == {"default": ["op0", "op2"], "team-b": ["op1", "op3"]}
+        assert fake.calls == 2
+
+    def test_concat_refuses_mixed_tenants(self) -> None:
+        """``concat`` never makes one batch of two tenants' data."""
+        a, b = spans(0), spans(1)
+        b.tenant = "team-b"
+        with pytest.raises(ValueError, match="tenants"):
+            merge([a, b])
+        b.tenant = "default"
+        assert merge([a, b]).tenant == "default"
+
     async def test_waits_below_send_batch_size(self) -> None:
         """Two items of three are held: nothing is sent and no caller returns yet."""
         fake = FakeConsumer()
