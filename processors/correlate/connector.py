@@ -40,6 +40,7 @@ any receiver runs. Without a store (the Kafka tier, unit tests) there is neither
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -48,11 +49,11 @@ import msgspec
 
 from pipeline.config import Duration, NonNegDuration, PositiveInt
 from pipeline.errors import ConfigError, Retryable
-from pipeline.records import AttributionBatch, Batch, ProfileBatch, SpanBatch
+from pipeline.records import DEFAULT_TENANT, AttributionBatch, Batch, ProfileBatch, SpanBatch
 from pipeline.registry import Context, Factory, Store
 from processors.correlate import recovery
 from processors.correlate.messages import SpanLookup, attribute_block, span_lookup_add
-from processors.correlate.state import CorrelatorState
+from processors.correlate.state import CorrelatorState, Stats
 
 # attribution rows per batch sent on (each fans out to function and stack rows). The pieces
 # of one flush are sent at once, so that the exporter inserts them together (a 2 000-row
@@ -86,13 +87,13 @@ class SpanCorrelator:
         self.ctx = ctx
         self.log = ctx.log
         self.clock = clock
-        self.state = CorrelatorState(grace=cfg.grace, orphan_timeout=cfg.orphan_timeout,
-                                     late_window=cfg.late_window, max_entries=cfg.max_entries,
-                                     max_bytes=cfg.max_state_mib << 20)
+        # one join state per tenant: a sample only ever meets spans of its own tenant, and
+        # each tenant's held entries are bounded on their own (``max_entries``)
+        self.states: dict[str, CorrelatorState] = {}
         self._outbox: list[AttributionBatch] = []
-        # Kafka tier: spans of this worker's partitions, for the rows of later samples
-        # oldest forgotten first: an OrderedDict's first item is O(1), a dict's is not
-        self._seen_spans: SpanLookup = OrderedDict()
+        # Kafka tier: spans of this worker's partitions, per tenant, for the rows of later
+        # samples; oldest forgotten first: an OrderedDict's first item is O(1), a dict's is not
+        self._seen_spans: dict[str, SpanLookup] = {}
         self._task: asyncio.Task[None] | None = None
         self._stopped = False
         self._lock = asyncio.Lock()
@@ -102,7 +103,31 @@ class SpanCorrelator:
         self._floor: float | None = None
 
     def __repr__(self) -> str:
-        return f"<SpanCorrelator {self.state!r} outbox={self.outbox_rows}>"
+        return f"<SpanCorrelator {self.states!r} outbox={self.outbox_rows}>"
+
+    def state_of(self, tenant: str) -> CorrelatorState:
+        """The tenant's join state (created at its first batch)."""
+        state = self.states.get(tenant)
+        if state is None:
+            cfg = self.cfg
+            state = self.states[tenant] = CorrelatorState(
+                grace=cfg.grace, orphan_timeout=cfg.orphan_timeout,
+                late_window=cfg.late_window, max_entries=cfg.max_entries,
+                max_bytes=cfg.max_state_mib << 20)
+        return state
+
+    @property
+    def state(self) -> CorrelatorState:
+        """The default tenant's state (the one tenant of a single-team deployment)."""
+        return self.state_of(DEFAULT_TENANT)
+
+    def stats(self) -> Stats:
+        """Every tenant's counters added up."""
+        total = Stats()
+        for state in self.states.values():
+            for f in dataclasses.fields(Stats):
+                setattr(total, f.name, getattr(total, f.name) + getattr(state.stats, f.name))
+        return total
 
     @property
     def outbox_rows(self) -> int:
@@ -124,36 +149,44 @@ class SpanCorrelator:
             # from Kafka: write this block's rows now, before its offsets are committed. A
             # span block has none (names and durations are in otel_traces): its spans are
             # remembered to name the operation of later samples' rows
+            seen = self._seen_spans.get(batch.tenant)
+            if seen is None:
+                seen = self._seen_spans[batch.tenant] = OrderedDict()
             if isinstance(batch, SpanBatch):
-                span_lookup_add(self._seen_spans, batch, self.cfg.max_entries)
+                span_lookup_add(seen, batch, self.cfg.max_entries)
             else:
-                await self.ctx.next["attributions"].consume(
-                    attribute_block(batch, self._seen_spans))
+                rows = attribute_block(batch, seen)
+                rows.tenant = batch.tenant
+                await self.ctx.next["attributions"].consume(rows)
             return
         now = self.clock()
         if isinstance(batch, SpanBatch):
-            self.state.add_spans(batch.spans, now)
+            self.state_of(batch.tenant).add_spans(batch.spans, now)
         elif isinstance(batch, ProfileBatch):
-            self.state.add_samples(batch, now)
+            self.state_of(batch.tenant).add_samples(batch, now)
         else:
             raise TypeError(f"{self.ctx.id} does not consume {batch.signal}")
 
     async def flush(self, force: bool = False) -> bool:
         """Report what is due and send the outbox; True when nothing is left unsent."""
         async with self._lock:
-            evicted_before = self.state.stats.evicted
-            due = self.state.take_due(self.clock(), force=force)
-            # in pieces: each is one bounded insert, and one slow piece does not hold the rest
-            for i in range(0, max(len(due.attributions), 1), OUTBOX_CHUNK):
-                piece = AttributionBatch(due.attributions[i:i + OUTBOX_CHUNK],
-                                         due.unattributed if i == 0 else [])
-                if piece.attributions or piece.unattributed:
-                    self._outbox.append(piece)
-            if self.state.stats.evicted != evicted_before:
-                self.log.warning("correlator_evicted", evicted_total=self.state.stats.evicted,
-                                 max_entries=self.cfg.max_entries,
-                                 max_state_mib=self.cfg.max_state_mib,
-                                 state_mib=round(self.state.bytes / (1 << 20), 1))
+            now = self.clock()
+            for tenant, state in self.states.items():
+                evicted_before = state.stats.evicted
+                due = state.take_due(now, force=force)
+                # in pieces: each is one bounded insert, and one slow piece does not hold
+                # the rest
+                for i in range(0, max(len(due.attributions), 1), OUTBOX_CHUNK):
+                    piece = AttributionBatch(due.attributions[i:i + OUTBOX_CHUNK],
+                                             due.unattributed if i == 0 else [], tenant=tenant)
+                    if piece.attributions or piece.unattributed:
+                        self._outbox.append(piece)
+                if state.stats.evicted != evicted_before:
+                    self.log.warning("correlator_evicted", tenant=tenant,
+                                     evicted_total=state.stats.evicted,
+                                     max_entries=self.cfg.max_entries,
+                                     max_state_mib=self.cfg.max_state_mib,
+                                     state_mib=round(state.bytes / (1 << 20), 1))
             nxt = self.ctx.next["attributions"]
             if not self._outbox:
                 return True
@@ -190,7 +223,8 @@ class SpanCorrelator:
         """Wall-clock time of the oldest input held unreported (now if none): only valid
         right after a flush that left the outbox empty (otherwise its rows are held too)."""
         now = time.time()
-        oldest = self.state.oldest_held()
+        times = [t for t in (s.oldest_held() for s in self.states.values()) if t is not None]
+        oldest = min(times) if times else None
         held = now if oldest is None else min(now, now - (self.clock() - oldest))
         return held if self._floor is None else min(held, self._floor)
 
@@ -253,7 +287,7 @@ class SpanCorrelator:
             delay = min(delay * 2, 5.0)
         else:
             self.log.error("correlator_shutdown_unsent", outbox_rows=self.outbox_rows)
-        s = self.state.stats
+        s = self.stats()
         self.log.info("correlator_stopped", spans=s.spans_in, samples=s.samples_in,
                       rows=s.rows_out, evicted=s.evicted, orphans=s.orphans_reported)
 

@@ -166,6 +166,35 @@ class TestFlush:
             await c.consume(AttributionBatch([]))
 
 
+class TestTenants:
+    async def test_same_ids_of_two_tenants_never_meet(self) -> None:
+        """Two tenants send the same trace and span ids: each one's samples join its own
+        span only, unlinked CPU stays with its tenant, and every row names its tenant."""
+        c, fake, _ = make(grace=0)
+        a_spans, b_samples = spans(1), samples((1, 70), (None, 5))
+        b_samples.tenant = "team-b"
+        await c.consume(a_spans)  # team-b never sends this span: its samples are orphans
+        await c.consume(samples((1, 30)))
+        await c.consume(b_samples)
+        await c.flush(force=True)
+        rows = {(b.tenant, a.span_id, a.cpu_ns, a.span_known)
+                for b in fake.accepted for a in b.attributions}
+        assert rows == {("default", sid(1), 30, True), ("team-b", sid(1), 70, False)}
+        assert [(b.tenant, u.cpu_ns) for b in fake.accepted for u in b.unattributed] == \
+            [("team-b", 5)]
+        assert c.stats().samples_in == 3 and c.state.stats.samples_in == 1
+
+    async def test_kafka_blocks_look_up_their_tenant_spans(self) -> None:
+        """In the Kafka tier a sample's row is named from a span of its own tenant only."""
+        c, fake, _ = make()
+        block_a, block_b = spans(1), samples((1, 9))
+        block_a.origin, block_b.origin, block_b.tenant = "a", "b", "team-b"
+        await c.consume(block_a)
+        await c.consume(block_b)
+        ((row,),) = [b.attributions for b in fake.accepted]
+        assert (fake.accepted[0].tenant, row.span_known, row.name) == ("team-b", False, "")
+
+
 class TestOutbox:
     async def test_failed_rows_are_resent_once(self) -> None:
         """Rows the downstream refused stay in the outbox and go out on the next flush."""
