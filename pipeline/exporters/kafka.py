@@ -51,7 +51,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from pipeline.config import NonNegDuration, PositiveInt
 from pipeline.errors import ConfigError, InvalidData, Retryable
-from pipeline.kafka import PARTITIONERS, ClientConfig, PartitionerName
+from pipeline.kafka import PARTITIONERS, TENANT_HEADER, ClientConfig, PartitionerName
 from pipeline.kafka.backend import Producer, ProducerOptions, Producers, aiokafka_producer
 from pipeline.otlp.builder import encode_profiles
 from pipeline.otlp.split import halve_profiles, halve_traces, split_profiles, split_traces
@@ -184,8 +184,12 @@ class KafkaExporter:
         msgs = self.messages(batch, partitions)
         producer = self.producer
 
+        # whose data it is travels beside it: the consumer's batches are that tenant's
+        headers = [(TENANT_HEADER, batch.tenant.encode())]
+
         async def send_all() -> None:
-            futures = [await producer.send(t, value=v, key=k) for t, k, v in msgs]
+            futures = [await producer.send(t, value=v, key=k, headers=headers)
+                       for t, k, v in msgs]
             await asyncio.gather(*futures)
 
         try:

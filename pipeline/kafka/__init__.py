@@ -26,6 +26,11 @@ from pipeline.kafka.security import KafkaAuth, client_settings
 
 PartitionerName = Literal["sarama_compat", "murmur2"]
 
+# the record header naming whose spans or samples a message holds (issue #17): written by
+# the exporter on every message, read by the receiver; a message without it (another
+# producer's, or one written before tenants) is the default tenant's
+TENANT_HEADER = "tenant"
+
 
 _M32 = 0xFFFFFFFF
 

@@ -21,7 +21,7 @@ components' failure handling runs the same on the fake as on the broker.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -85,6 +85,8 @@ class Record(Protocol):
     def key(self) -> bytes | None: ...
     @property
     def value(self) -> bytes | None: ...
+    @property
+    def headers(self) -> Sequence[tuple[str, bytes]]: ...
 
 
 class Producer(Protocol):
@@ -98,10 +100,11 @@ class Producer(Protocol):
     async def partitions_for(self, topic: str) -> set[int]:
         """The topic's partition ids (``UnknownTopicOrPartitionError`` if it has none)."""
 
-    async def send(self, topic: str, value: bytes, key: bytes | None = None
-                   ) -> Awaitable[object]:
-        """Queue one message on the partition the configured partitioner picks for
-        ``key``; the returned awaitable resolves once Kafka acknowledged it (or raises)."""
+    async def send(self, topic: str, value: bytes, key: bytes | None = None,
+                   headers: list[tuple[str, bytes]] | None = None) -> Awaitable[object]:
+        """Queue one message (with ``headers``) on the partition the configured
+        partitioner picks for ``key``; the returned awaitable resolves once Kafka
+        acknowledged it (or raises)."""
 
 
 class RebalanceListener(Protocol):
@@ -176,9 +179,10 @@ class AioProducer:
     async def partitions_for(self, topic: str) -> set[int]:
         return set(await self.client.partitions_for(topic))
 
-    async def send(self, topic: str, value: bytes, key: bytes | None = None
-                   ) -> Awaitable[object]:
-        fut: Awaitable[object] = await self.client.send(topic, value=value, key=key)
+    async def send(self, topic: str, value: bytes, key: bytes | None = None,
+                   headers: list[tuple[str, bytes]] | None = None) -> Awaitable[object]:
+        fut: Awaitable[object] = await self.client.send(topic, value=value, key=key,
+                                                        headers=headers)
         return fut
 
 

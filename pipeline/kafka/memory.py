@@ -21,7 +21,8 @@ raises for a broker that is down or slow.
 Checked against the real broker in ``tests/pipeline/test_kafka_memory.py``.
 
 Not imitated: rebalances (a second live member of a group is refused), retention and
-compaction, transactions, compression, headers, topics created after a consumer started.
+compaction, transactions, compression, topics created after a consumer started (headers
+are kept as sent).
 """
 
 from __future__ import annotations
@@ -99,14 +100,15 @@ class MemoryBroker:
         self.logs[name] = [[] for _ in range(partitions)]
 
     def append(self, topic: str, value: bytes, *, partition: int = 0,
-               key: bytes | None = None, timestamp_ms: int | None = None
+               key: bytes | None = None, timestamp_ms: int | None = None,
+               headers: list[tuple[str, bytes]] | None = None
                ) -> ConsumerRecord[bytes, bytes]:
         """Write one message, as any producer could (a test's raw producer)."""
         log = self._log(TopicPartition(topic, partition))
         rec = ConsumerRecord(
             topic, partition, len(log),
             int(self.clock() * 1000) if timestamp_ms is None else timestamp_ms, 0, key, value,
-            None, len(key) if key is not None else -1, len(value), ())
+            None, len(key) if key is not None else -1, len(value), tuple(headers or ()))
         log.append(rec)
         self._wake()
         return rec
@@ -208,12 +210,13 @@ class MemoryProducer:
             raise UnknownTopicOrPartitionError(topic)
         return set(range(len(self.broker.logs[topic])))
 
-    async def send(self, topic: str, value: bytes, key: bytes | None = None
-                   ) -> Awaitable[object]:
+    async def send(self, topic: str, value: bytes, key: bytes | None = None,
+                   headers: list[tuple[str, bytes]] | None = None) -> Awaitable[object]:
         if self.state == "stopped":
             raise ProducerClosed()
         parts = sorted(await self.partitions_for(topic))
-        size = len(value) + len(key or b"") + RECORD_OVERHEAD
+        size = len(value) + len(key or b"") + RECORD_OVERHEAD + sum(
+            len(k) + len(v) for k, v in headers or ())
         if size > self.opts.max_message_bytes:
             raise MessageSizeTooLargeError(f"The message is {size} bytes when serialized")
         await self.broker._gate("send")
@@ -228,7 +231,7 @@ class MemoryProducer:
                 loop.call_soon(_settle, ack, None, raised(fault.error))
             return ack
         rec = self.broker.append(topic, value, partition=self._choose(key, parts, parts),
-                                 key=key)
+                                 key=key, headers=headers)
         self.sent += 1
         if fault is not None:  # stored, the acknowledgement lost
             if fault.error is not None:

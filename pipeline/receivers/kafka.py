@@ -333,7 +333,7 @@ class KafkaReceiver:
         for signal in ("traces", "profiles"):
             batches = [b for tp, (_, blocks, _) in rounds.items()
                        if self.topics[tp.topic] == signal
-                       for b in (merge_block(blk, signal) for blk in blocks) if b is not None]
+                       for blk in blocks for b in merge_block(blk, signal)]
             for wave in waves(batches, self.cfg.block_items):
                 results = await asyncio.gather(
                     *(self.ctx.next[signal].consume(b) for b in wave), return_exceptions=True)

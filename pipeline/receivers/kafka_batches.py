@@ -18,10 +18,12 @@ from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.profiles.v1development import profiles_service_pb2 as pps
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as tps
 
+from pipeline.auth import TENANT_RE
+from pipeline.kafka import TENANT_HEADER
 from pipeline.kafka.blocks import Block, Entry
 from pipeline.otlp.profiles import decode_profiles
 from pipeline.otlp.traces import decode_traces
-from pipeline.records import ProfileBatch, SpanBatch, concat
+from pipeline.records import DEFAULT_TENANT, ProfileBatch, SpanBatch, concat
 
 Batch = SpanBatch | ProfileBatch
 
@@ -46,29 +48,58 @@ def decode(signal: str, topic: str, value: bytes, metrics: Counter[str],
     return d.batch  # type: ignore[no-any-return]
 
 
+def tenant_of(rec: Any) -> str | None:
+    """The tenant the record's ``tenant`` header names (``default`` without one, as a
+    producer before tenants wrote), or None when it names none validly."""
+    found = [v for k, v in rec.headers or () if k == TENANT_HEADER]
+    if not found:
+        return DEFAULT_TENANT
+    value = found[0]
+    if len(found) > 1 or not isinstance(value, bytes) or not value.isascii():
+        return None
+    tenant = value.decode("ascii")
+    return tenant if TENANT_RE.match(tenant) else None
+
+
 def to_entry(signal: str, topic: str, rec: Any, metrics: Counter[str], log: Any) -> Entry:
-    """A fetched record as a block entry; one without items (malformed or empty) keeps
-    its place in the block, with no batch."""
-    batch = decode(signal, topic, rec.value, metrics, log)
+    """A fetched record as a block entry; one without items (malformed, empty, or naming
+    no valid tenant) keeps its place in the block, with no batch."""
+    tenant = tenant_of(rec)
+    batch = None
+    if tenant is None:
+        metrics["malformed_messages"] += 1
+        log.warning("kafka_message_malformed", topic=topic, offset=rec.offset,
+                    error="its tenant header is not one tenant name")
+    else:
+        batch = decode(signal, topic, rec.value, metrics, log)
+        if batch is not None:
+            batch.tenant = tenant
     if batch is not None and not len(batch):
         batch = None
     return Entry(rec.offset, rec.value, batch, len(batch) if batch is not None else 0,
                  rec.timestamp)
 
 
-def merge_block(block: Block, signal: str) -> SpanBatch | ProfileBatch | None:
-    """The messages of one block as one batch named by the block's token; ``parts`` keeps
-    each message's name and size, so that rows derived per message can still name it."""
-    got = [e for e in block.entries if e.batch is not None]
-    if not got:
-        return None
-    parts = [(f"{block.topic}/{block.partition}/{e.offset}", e.items) for e in got]
-    batch = concat([e.batch for e in got])
-    if len(got) == 1:  # concat hands back the very batch: name a copy, not the entry's
-        batch = msgspec.structs.replace(batch)
-    assert isinstance(batch, SpanBatch | ProfileBatch)
-    batch.origin, batch.parts = block.token, parts
-    return batch
+def merge_block(block: Block, signal: str) -> list[SpanBatch | ProfileBatch]:
+    """The messages of one block as one batch per tenant, named by the block's token (the
+    default tenant's) or the token and the tenant (another's: a deduplication token of
+    its own); ``parts`` keeps each message's name and size, so that rows derived per
+    message can still name it."""
+    tenants: dict[str, list[Entry]] = {}
+    for e in block.entries:
+        if e.batch is not None:
+            tenants.setdefault(e.batch.tenant, []).append(e)
+    out: list[SpanBatch | ProfileBatch] = []
+    for tenant, got in tenants.items():
+        parts = [(f"{block.topic}/{block.partition}/{e.offset}", e.items) for e in got]
+        batch = concat([e.batch for e in got])
+        if len(got) == 1:  # concat hands back the very batch: name a copy, not the entry's
+            batch = msgspec.structs.replace(batch)
+        assert isinstance(batch, SpanBatch | ProfileBatch)
+        batch.origin = block.token if tenant == DEFAULT_TENANT else f"{block.token}/{tenant}"
+        batch.parts = parts
+        out.append(batch)
+    return out
 
 
 def waves(batches: list[Batch], budget: int) -> list[list[Batch]]:

@@ -254,6 +254,28 @@ class TestKafkaReceiver:
         finally:
             await c.stop()
 
+    async def test_tenant_header_round_trip(self, kafka_broker: Any, topics: tuple[str, str]
+                                            ) -> None:
+        """On a real broker, the exporter's ``tenant`` header comes back to the receiver:
+        each tenant's spans arrive as that tenant's batch."""
+        ex = _exporter(kafka_broker.bootstrap, topics)
+        await ex.start()
+        for tenant in ("team-a", "team-b"):
+            batch = decode_traces(span_request([b"\x01" * 8])).batch
+            batch.tenant = tenant
+            await ex.consume(batch)
+        await ex.shutdown()
+        sink = Recorder()
+        r = await self._receiver(kafka_broker.bootstrap, topics, sink,
+                                 f"g-{uuid.uuid4().hex[:6]}")
+        try:
+            async with asyncio.timeout(30):
+                while r.metrics["committed_messages"] < 2:
+                    await asyncio.sleep(0.1)
+        finally:
+            await r.shutdown()
+        assert sorted(b.tenant for b in sink.batches) == ["team-a", "team-b"]
+
     async def test_refusing_sink_pauses_then_delivers_once(
             self, kafka_broker: Any, topics: tuple[str, str], raw_producer: Any) -> None:
         """While the sink refuses, the receiver backs off and re-reads; once it recovers every

@@ -352,6 +352,35 @@ class TestReceiver:
         assert "the Kafka poll loop stopped" in r.failed and "boom" in r.failed
         await r.shutdown()
 
+    async def test_the_tenant_travels_in_a_header(self, broker: MemoryBroker) -> None:
+        """The exporter names each message's tenant in a ``tenant`` header; the receiver
+        gives a block's messages of each tenant their own batch (and deduplication token),
+        takes a message without the header as the default tenant's, and skips, counted, one
+        whose header is not a tenant name."""
+        ex = _exporter(broker)
+        await ex.start()
+        for tenant in ("team-a", "team-b"):
+            batch = decode_traces(span_request([b"\x01" * 8])).batch
+            batch.tenant = tenant
+            await ex.consume(batch)
+        await ex.shutdown()
+        assert [r.headers for r in broker.records(SPANS)] == [
+            (("tenant", b"team-a"),), (("tenant", b"team-b"),)]
+        raw = span_request([b"\x01" * 8]).SerializeToString()
+        broker.append(SPANS, raw)
+        broker.append(SPANS, raw, headers=[("tenant", b"x' OR 1=1 --")])
+        broker.append(SPANS, raw, headers=[("tenant", b"a"), ("tenant", b"b")])
+        sink = Recorder()
+        r = _receiver(broker, sink)
+        await r.start()
+        await _committed(r, 5)
+        await r.shutdown()
+        assert r.metrics["malformed_messages"] == 2
+        got = sorted((b.tenant, len(b)) for b in sink.batches)
+        assert got == [("default", 1), ("team-a", 1), ("team-b", 1)]
+        origins = {b.tenant: b.origin for b in sink.batches}
+        assert len(set(origins.values())) == 3 and origins["team-b"].endswith("/team-b")
+
     async def test_exporter_to_receiver(self, broker: MemoryBroker) -> None:
         """What the exporter writes the receiver reads back, spans before samples."""
         ex = _exporter(broker)
