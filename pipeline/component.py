@@ -23,6 +23,7 @@ import structlog
 
 from pipeline.errors import InvalidData, Retryable
 from pipeline.records import Batch, Signal
+from pipeline.tenants import Tenants
 
 Kind = Literal["receiver", "processor", "exporter", "connector", "extension"]
 
@@ -76,6 +77,8 @@ class Context:
     records: dict[str, bool] = field(default_factory=dict)
     # receivers: the started extensions a receiver's ``auth: {authenticator: ID}`` can name
     authenticators: Mapping[str, Any] = field(default_factory=dict)
+    # receivers and connectors: the tenants' limits and counters, one for the whole graph
+    tenants: Tenants = field(default_factory=Tenants)
 
     def __post_init__(self) -> None:
         if self.log is None:

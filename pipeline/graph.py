@@ -20,6 +20,7 @@ import structlog
 from pipeline.component import Consumer, Context, Factories, Fanout
 from pipeline.config import Config, component_type, signal_of
 from pipeline.errors import ConfigError
+from pipeline.tenants import Tenants
 
 
 @dataclass
@@ -33,6 +34,8 @@ class Node:
 class Graph:
     nodes: dict[str, Node]
     order: list[str]  # upstream first
+    # the tenants' limits and counters, shared by the receivers and connectors
+    tenants: Tenants = field(default_factory=Tenants)
 
     def component(self, kind: str, cid: str) -> Any:
         return self.nodes[f"{kind}:{cid}"].component
@@ -78,6 +81,7 @@ def build(cfg: Config, factories: Factories,
     """``authenticators``: the started extensions, by id, for receivers' ``auth:``."""
     pipelines = cfg.service.pipelines
     data_dir = cfg.service.data_dir
+    tenants = Tenants(cfg.service.tenants)
     nodes: dict[str, Node] = {}
     heads: dict[str, Consumer] = {}  # pipeline id -> its first consumer
 
@@ -118,7 +122,8 @@ def build(cfg: Config, factories: Factories,
             nodes[key] = Node(key, f.create(cfg.connectors[cid],
                                             Context(cid, pids, next=nxt, log=log(cid, pids),
                                                     data_dir=data_dir,
-                                                    store=store_for(ins, outs))))
+                                                    store=store_for(ins, outs),
+                                                    tenants=tenants)))
             nodes[key].downstream |= {n for p in outs for n in _pipeline_nodes[p]}
         return nodes[key].component
 
@@ -191,7 +196,8 @@ def build(cfg: Config, factories: Factories,
                                                     data_dir=data_dir,
                                                     store=receiver_store(pids),
                                                     records=records,
-                                                    authenticators=authenticators or {})),
+                                                    authenticators=authenticators or {},
+                                                    tenants=tenants)),
                               downstream={n for p in pids for n in _pipeline_nodes[p]})
     unused = [f"{section}.{cid}: defined but not used in any pipeline"
               for section in ("receivers", "exporters", "connectors")
@@ -200,7 +206,7 @@ def build(cfg: Config, factories: Factories,
     for cid in unused:
         structlog.get_logger().warning("component_unused", detail=cid)
     order = _toposort({k: n.downstream for k, n in nodes.items()}, "service.pipelines")
-    return Graph(nodes, order)
+    return Graph(nodes, order, tenants)
 
 
 def _fan(consumers: list[Consumer]) -> Consumer:

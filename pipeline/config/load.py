@@ -107,6 +107,7 @@ def _load_service(doc: dict[Any, Any], problems: list[str]) -> tuple[Any, Any]:
         return FAILED, None
     value = service.value if isinstance(service, Partial) else service
     problems.extend(validate_at(value.admin, "service.admin"))
+    problems.extend(validate_at(value.tenants, "service.tenants"))
     return (value if len(problems) == before else FAILED), value.pipelines
 
 

@@ -13,6 +13,7 @@ import msgspec
 
 from pipeline.config.ranges import Duration, PositiveInt, check_endpoint
 from pipeline.config.tls import ReceiverAuth, TlsConfig
+from pipeline.tenants import TenantsConfig
 
 
 class PipelineConfig(msgspec.Struct, forbid_unknown_fields=True):
@@ -61,6 +62,8 @@ class ServiceConfig(msgspec.Struct, forbid_unknown_fields=True):
     admin: AdminConfig = msgspec.field(default_factory=AdminConfig)
     # where relative paths (e.g. chdb://./data) are resolved; default: the current directory
     data_dir: str = "."
+    # per-tenant limits (pipeline/tenants.py)
+    tenants: TenantsConfig = msgspec.field(default_factory=TenantsConfig)
 
 
 class RawConfig(msgspec.Struct, forbid_unknown_fields=True):

@@ -14,6 +14,7 @@ Refusals are counted in the listener's ``unauthenticated_requests`` (or
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Callable, Collection, Sequence
 from typing import Any, NamedTuple
@@ -23,6 +24,7 @@ from aiohttp import web
 
 from pipeline.auth import DEFAULT_TENANT, TokenAuth, tenant_from_header
 from pipeline.errors import ConfigError, InvalidData
+from pipeline.tenants import Refused, Tenants
 
 REFUSED = "missing or unknown token: send Authorization: Bearer <token> (or basic auth)"
 ORG_ID = "x-scope-orgid"  # lower case: gRPC metadata keys are
@@ -34,6 +36,7 @@ class Refusal(NamedTuple):
     grpc: grpc.StatusCode
     message: str
     metric: str
+    retry_after: float | None = None  # retryable after this many seconds
 
 
 UNAUTHENTICATED = Refusal(401, grpc.StatusCode.UNAUTHENTICATED, REFUSED,
@@ -90,19 +93,40 @@ def grpc_tenant(auth: TokenAuth | None,
     return resolve_tenant(auth, lambda: auth.tenant_of_grpc(items) if auth else None, org)
 
 
+def over_limits(tenants: Tenants | None, tenant: str) -> Refusal | None:
+    """Why the tenant's request is refused by its limits (``pipeline/tenants.py``), if it is;
+    otherwise it is counted in."""
+    if tenants is None:
+        return None
+    try:
+        tenants.admit(tenant)
+    except Refused as err:
+        if err.retry_after is None:
+            return Refusal(403, grpc.StatusCode.PERMISSION_DENIED, str(err),
+                           "refused_tenant_requests")
+        return Refusal(429, grpc.StatusCode.RESOURCE_EXHAUSTED, str(err),
+                       "throttled_requests", err.retry_after)
+    return None
+
+
 def http_middleware(auth: TokenAuth | None, metrics: Counter[str],
-                    open_paths: Collection[str] = ()) -> Any:
-    """Sets ``request["tenant"]`` on every request but ``open_paths``, or refuses it."""
+                    open_paths: Collection[str] = (), tenants: Tenants | None = None) -> Any:
+    """Sets ``request[TENANT]`` on every request but ``open_paths``, or refuses it; with
+    ``tenants``, a tenant over its limits is refused too."""
     @web.middleware
     async def check(request: web.Request, handler: Any) -> web.StreamResponse:
         if request.path not in open_paths:
             org = [v for k, v in request.headers.items() if k.lower() == ORG_ID]
             got = resolve_tenant(auth, lambda: auth.tenant_of_http(request.headers)
                                  if auth else None, org)
+            if not isinstance(got, Refusal):
+                got = over_limits(tenants, got) or got
             if isinstance(got, Refusal):
                 metrics[got.metric] += 1
                 headers = {"WWW-Authenticate": 'Bearer realm="spanprof"'} \
                     if got.http == 401 else None
+                if got.retry_after is not None:
+                    headers = {"Retry-After": str(max(1, math.ceil(got.retry_after)))}
                 return web.json_response({"error": got.message}, status=got.http,
                                          headers=headers)
             request[TENANT] = got

@@ -40,6 +40,7 @@ from pipeline.auth import TokenAuth
 from pipeline.config.tls import TlsConfig
 from pipeline.errors import ConfigError
 from pipeline.receivers.authn import http_middleware
+from pipeline.tenants import Tenants
 from pipeline.tls import ServerTls
 
 
@@ -291,20 +292,22 @@ async def serve(app: web.Application, endpoint: str, where: str,
                 limits: ServerLimits | None = None, metrics: Counter[str] | None = None,
                 log: Any = None, auto_decompress: bool = True,
                 tls: TlsConfig | None = None, auth: TokenAuth | None = None,
-                open_paths: Collection[str] = ()) -> tuple[web.AppRunner, int]:
+                open_paths: Collection[str] = (), tenants: Tenants | None = None
+                ) -> tuple[web.AppRunner, int]:
     """Start ``app`` on ``endpoint`` (port 0 picks a free one) behind ``limits``; return the
     runner and port. ``where`` is the config key of the endpoint, named when the port
     cannot be bound; guard counters go to ``metrics``. ``auto_decompress=False`` leaves
     gzip bodies to ``read_body`` (which counts the bytes as sent). ``tls``: the listener's
     certificates, served and reloaded until the runner is cleaned up (pipeline/tls.py);
     ``auth``: every path but ``open_paths`` needs a token (``authn.py``), and every
-    request gets its tenant (``authn.TENANT``) from it or from ``X-Scope-OrgID``."""
+    request gets its tenant (``authn.TENANT``) from it or from ``X-Scope-OrgID``;
+    ``tenants``: a tenant over its limits is refused (``pipeline/tenants.py``)."""
     log = log or structlog.get_logger()
     metrics = metrics if metrics is not None else Counter()
     app.middlewares.append(_track)  # first: the body's clock starts before anything else
     app.middlewares.append(_faults(log))
     # every request's tenant: its token's with ``auth``, else X-Scope-OrgID's or default
-    app.middlewares.append(http_middleware(auth, metrics, open_paths))
+    app.middlewares.append(http_middleware(auth, metrics, open_paths, tenants))
     server_tls = None
     if tls is not None:
         server_tls = ServerTls(tls, where.removesuffix("endpoint") + "tls", log)

@@ -46,6 +46,9 @@ class HttpReceiver:
         batch.requests = [(key, len(batch))]  # stored with the rows (a restart knows it)
         if await self.recent.deliver(key, lambda: self.ctx.next[signal].consume(batch)):
             self.metrics["duplicate_requests"] += 1
+        else:
+            items = "spans" if signal == "traces" else "samples"
+            self.ctx.tenants.count(tenant, f"accepted_{items}", len(batch))
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.ctx.id} port={self.port} {dict(self.metrics)}>"
@@ -62,7 +65,7 @@ class HttpReceiver:
             app, self.cfg.endpoint, key, self.limits, self.metrics, self.log,
             auto_decompress=False, tls=self.cfg.tls,
             auth=authenticator(self.cfg.auth, self.ctx.authenticators,
-                               key.removesuffix(".endpoint")))
+                               key.removesuffix(".endpoint")), tenants=self.ctx.tenants)
         self.log.info(f"{self.event}_listening", endpoint=self.cfg.endpoint, port=self.port,
                       tls=self.cfg.tls is not None)
 

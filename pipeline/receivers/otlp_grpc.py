@@ -59,23 +59,25 @@ from pipeline.errors import ConfigError, InvalidData, Retryable, TooLarge
 from pipeline.otlp.bounds import RecordsLimit
 from pipeline.otlp.profiles import decode_profiles
 from pipeline.otlp.traces import decode_traces
-from pipeline.receivers.authn import Refusal, authenticator, grpc_tenant
+from pipeline.receivers.authn import Refusal, authenticator, grpc_tenant, over_limits
 from pipeline.receivers.idempotency import RecentRequests, preload_recent, tenant_request_key
 from pipeline.receivers.limits import check_items, count_items
 from pipeline.registry import Context
 from pipeline.tls import ServerTls
 
 
-def retry_trailers(message: str, delay_s: float) -> tuple[tuple[str, bytes], ...]:
-    """How long to wait before retrying, for an ``UNAVAILABLE`` answer: a ``RetryInfo`` in
-    the status details (``grpc-status-details-bin``, what the Collector sends and the Go and
-    Java exporters read) and alone under ``google.rpc.retryinfo-bin`` (what the Python
-    SDK's exporter reads). The delay varies by ±20%, so that clients refused together
-    (a client takes it as is, instead of its own jittered backoff) do not all come back
-    at the same instant."""
+def retry_trailers(message: str, delay_s: float,
+                   code: grpc.StatusCode = grpc.StatusCode.UNAVAILABLE
+                   ) -> tuple[tuple[str, bytes], ...]:
+    """How long to wait before retrying, for an ``UNAVAILABLE`` (or ``code``) answer: a
+    ``RetryInfo`` in the status details (``grpc-status-details-bin``, what the Collector
+    sends and the Go and Java exporters read) and alone under ``google.rpc.retryinfo-bin``
+    (what the Python SDK's exporter reads). The delay varies by ±20%, so that clients
+    refused together (a client takes it as is, instead of its own jittered backoff) do not
+    all come back at the same instant."""
     info = error_details_pb2.RetryInfo()
     info.retry_delay.FromNanoseconds(int(delay_s * random.uniform(0.8, 1.2) * 1e9))
-    status = status_pb2.Status(code=grpc.StatusCode.UNAVAILABLE.value[0], message=message)
+    status = status_pb2.Status(code=code.value[0], message=message)
     status.details.add().Pack(info)
     return (("grpc-status-details-bin", status.SerializeToString()),
             ("google.rpc.retryinfo-bin", info.SerializeToString()))
@@ -196,6 +198,7 @@ class GrpcServer:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(err),
                                 trailing_metadata=retry_trailers(str(err), err.retry_after))
         self.metrics[f"accepted_{ITEMS[signal]}"] += len(batch)
+        self.ctx.tenants.count(batch.tenant, f"accepted_{ITEMS[signal]}", len(batch))
 
     async def _export(self, signal: str, data: bytes,
                       context: grpc.aio.ServicerContext) -> bytes:
@@ -204,10 +207,16 @@ class GrpcServer:
         its tenant (``authn.grpc_tenant``): with ``auth``, a call without a known token is
         UNAUTHENTICATED; an ``x-scope-orgid`` naming another tenant PERMISSION_DENIED."""
         tenant = grpc_tenant(self.auth, context.invocation_metadata())
+        if not isinstance(tenant, Refusal):
+            tenant = over_limits(self.ctx.tenants, tenant) or tenant
         if isinstance(tenant, Refusal):
             self.metrics[tenant.metric] += 1
-            await context.abort(tenant.grpc, tenant.message)
+            await context.abort(tenant.grpc, tenant.message, trailing_metadata=() if
+                                tenant.retry_after is None else
+                                retry_trailers(tenant.message, tenant.retry_after,
+                                               tenant.grpc))
             raise AssertionError("abort returned")  # it raises; this tells mypy
+        self.ctx.tenants.charge(tenant, len(data))
         limit = self.cfg.max_concurrent_requests
         if self._in_flight >= limit:
             self.metrics["throttled_requests"] += 1

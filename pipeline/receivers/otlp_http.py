@@ -120,6 +120,7 @@ class HttpServer(HttpReceiver):
         try:
             body = await read_body(request, self.cfg.max_request_bytes,
                                    self.cfg.max_decompressed_bytes)
+            self.ctx.tenants.charge(request[TENANT], len(body))
             req = _parse(body, request_type, is_json)
             check_items(count_items(signal, req), getattr(self.cfg, limit_key), items,
                         limit_key)

@@ -141,8 +141,10 @@ class PyroscopeReceiver(HttpReceiver):
         app.router.add_post("/ingest", self.ingest)
 
     async def _body(self, request: web.Request) -> bytes:
-        return await read_body(request, self.cfg.max_request_bytes,
+        body = await read_body(request, self.cfg.max_request_bytes,
                                self.cfg.max_decompressed_bytes)
+        self.ctx.tenants.charge(request[TENANT], len(body))
+        return body
 
     async def _deliver(self, batches: list[ProfileBatch], tenant: str,
                        *key: bytes | str) -> None:

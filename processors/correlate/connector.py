@@ -112,7 +112,9 @@ class SpanCorrelator:
             cfg = self.cfg
             state = self.states[tenant] = CorrelatorState(
                 grace=cfg.grace, orphan_timeout=cfg.orphan_timeout,
-                late_window=cfg.late_window, max_entries=cfg.max_entries,
+                late_window=cfg.late_window,
+                # service.tenants: a tenant's own bound on what it may hold
+                max_entries=self.ctx.tenants.max_spans_held(tenant, cfg.max_entries),
                 max_bytes=cfg.max_state_mib << 20)
         return state
 

@@ -184,6 +184,21 @@ class TestTenants:
             [("team-b", 5)]
         assert c.stats().samples_in == 3 and c.state.stats.samples_in == 1
 
+    async def test_a_tenant_bound_of_its_own(self) -> None:
+        """service.tenants' max_spans_held bounds that tenant's held entries: beyond it
+        its oldest are reported early, the other tenants' are untouched."""
+        from pipeline.tenants import TenantLimits, Tenants, TenantsConfig
+
+        c, fake, _ = make(max_entries=1_000)
+        c.ctx.tenants = Tenants(TenantsConfig(overrides={"small": TenantLimits(
+            max_spans_held=2)}))
+        small, big = spans(1, 2, 3, 4), spans(1, 2, 3, 4)
+        small.tenant, big.tenant = "small", "big"
+        await c.consume(small)
+        await c.consume(big)
+        assert (c.states["small"].max_entries, c.states["big"].max_entries) == (2, 1_000)
+        assert c.states["small"].stats.evicted == 2 and c.states["big"].stats.evicted == 0
+
     async def test_kafka_blocks_look_up_their_tenant_spans(self) -> None:
         """In the Kafka tier a sample's row is named from a span of its own tenant only."""
         c, fake, _ = make()

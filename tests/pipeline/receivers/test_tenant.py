@@ -13,12 +13,14 @@ import pytest
 
 from pipeline.auth import AuthConfig, TokenAuth
 from pipeline.config.tls import ReceiverAuth
+from pipeline.errors import ConfigError
 from pipeline.receivers.otlp import Config, OtlpReceiver, Protocols
 from pipeline.receivers.otlp_grpc import TRACE_METHOD, GrpcConfig
 from pipeline.receivers.otlp_http import HttpConfig
 from pipeline.receivers.pyroscope import Config as PyroscopeConfig
 from pipeline.receivers.pyroscope import PyroscopeReceiver
 from pipeline.registry import Context
+from pipeline.tenants import Refused, TenantLimits, Tenants, TenantsConfig
 from tests.pipeline.receivers.test_otlp_grpc import FakeConsumer, span_request
 from tests.pipeline.receivers.test_pyroscope import pprof
 
@@ -168,3 +170,102 @@ async def test_pyroscope_ingest_carries_the_tenant() -> None:
         assert [b.tenant for b in fake.batches] == ["team-p", "team-q"]
     finally:
         await r.shutdown()
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class TestLimits:
+    def test_config_problems_name_the_keys(self) -> None:
+        """Negative or infinite limits, a bad tenant name under overrides and max_tenants 0
+        are each reported with their key."""
+        cfg = TenantsConfig(max_tenants=0, limits=TenantLimits(requests_per_second=-1),
+                            overrides={"bad name": TenantLimits(),
+                                       "team-a": TenantLimits(bytes_per_second=-5)})
+        with pytest.raises(ConfigError) as err:
+            cfg.validate()
+        text = "\n".join(err.value.problems)
+        for key in ("max_tenants", "limits.requests_per_second", "overrides: 'bad name'",
+                    "overrides.team-a.bytes_per_second"):
+            assert key in text
+
+    def test_requests_per_second_per_tenant(self) -> None:
+        """A tenant over its rate is refused with the wait until its bucket refills; another
+        tenant (its own override) is not held back by it."""
+        clock = FakeClock()
+        t = Tenants(TenantsConfig(limits=TenantLimits(requests_per_second=2),
+                                  overrides={"big": TenantLimits(requests_per_second=100)}),
+                    clock=clock)
+        t.admit("a")
+        t.admit("a")
+        with pytest.raises(Refused) as err:
+            t.admit("a")
+        assert err.value.retry_after is not None and 0.4 <= err.value.retry_after <= 0.6
+        assert "requests_per_second" in str(err.value)
+        for _ in range(50):
+            t.admit("big")
+        clock.t += 0.5
+        t.admit("a")
+        assert t.counters()["a"] == {"requests": 3, "throttled_requests": 1}
+
+    def test_bytes_per_second_charged_after_the_body(self) -> None:
+        """A big body is taken, then the tenant waits until its bytes are paid back."""
+        clock = FakeClock()
+        t = Tenants(TenantsConfig(limits=TenantLimits(bytes_per_second=1000)), clock=clock)
+        t.admit("a")
+        t.charge("a", 3000)
+        with pytest.raises(Refused) as err:
+            t.admit("a")
+        assert err.value.retry_after is not None and 2.0 <= err.value.retry_after <= 2.1
+        clock.t += 2.1
+        t.admit("a")
+
+    def test_max_tenants(self) -> None:
+        """Beyond max_tenants a new tenant is refused for good (no retry); known tenants
+        and the default tenant go on."""
+        t = Tenants(TenantsConfig(max_tenants=1))
+        t.admit("a")
+        with pytest.raises(Refused) as err:
+            t.admit("b")
+        assert err.value.retry_after is None and "max_tenants" in str(err.value)
+        t.admit("a")
+        t.admit("default")
+
+    async def test_receivers_refuse_a_tenant_over_its_rate(self) -> None:
+        """At the doors: 429 with Retry-After over HTTP, RESOURCE_EXHAUSTED with a RetryInfo
+        over gRPC, for the tenant over its rate only; per-tenant counters count the spans."""
+        fake = FakeConsumer()
+        tenants = Tenants(TenantsConfig(overrides={"slow": TenantLimits(
+            requests_per_second=1)}))
+        cfg = Config(protocols=Protocols(grpc=GrpcConfig(endpoint="127.0.0.1:0"),
+                                         http=HttpConfig(endpoint="127.0.0.1:0")))
+        r = OtlpReceiver(cfg, Context("otlp", ["traces"], next={"traces": fake},
+                                      tenants=tenants))
+        await r.start()
+        s = Servers(r, fake)
+        try:
+            assert (await s.http_send({"X-Scope-OrgID": "slow"}))[0] == 200
+            async with aiohttp.ClientSession() as http, \
+                    http.post(s.url, data=BODY, headers={**PB, "X-Scope-OrgID": "slow"}) as resp:
+                assert resp.status == 429 and int(resp.headers["Retry-After"]) >= 1
+            call = s.channel.unary_unary(TRACE_METHOD, request_serializer=None,
+                                         response_deserializer=None)
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await call(BODY, metadata=[("x-scope-orgid", "slow")], timeout=10)
+            assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            keys = [k for k, _ in err.value.trailing_metadata() or ()]
+            assert "google.rpc.retryinfo-bin" in keys
+            assert (await s.http_send({"X-Scope-OrgID": "fast"}))[0] == 200
+            assert s.tenants() == ["slow", "fast"]
+            counts = tenants.counters()
+            assert counts["slow"]["throttled_requests"] == 2
+            assert counts["slow"]["accepted_spans"] == counts["fast"]["accepted_spans"] == 1
+            assert counts["slow"]["bytes"] == len(BODY)
+        finally:
+            await s.channel.close()
+            await r.shutdown()
