@@ -8,6 +8,7 @@ In the OpenTelemetry Collector's shape (issue #17)::
         tokens:                         # and/or inline; both are merged
           "${env:TEAM_A_TOKEN}": team-a
         reload_interval: 5s             # how often tokens_file is checked for a change
+        admin_tenants: [ops]            # their tokens may read the admin API's /metrics
     receivers:
       otlp:
         protocols:
@@ -79,6 +80,9 @@ class AuthConfig(msgspec.Struct, forbid_unknown_fields=True):
 
     tokens_file: str = ""
     tokens: dict[str, str] = {}
+    # tenants whose tokens have the admin role: the admin API's /metrics (every tenant's
+    # counters) answers them alone; their queries still see their own tenant's data only
+    admin_tenants: list[str] = []
     # plain float default: the config's JSON Schema cannot encode a Duration default
     reload_interval: Duration = 5.0  # type: ignore[assignment]
 
@@ -90,6 +94,9 @@ class AuthConfig(msgspec.Struct, forbid_unknown_fields=True):
         if not (math.isfinite(self.reload_interval) and self.reload_interval > 0):
             problems.append(f"{_at(key, 'reload_interval')}: must be greater than 0")
         problems += collect_tokens(self, key, _sha256)[1]
+        problems += [f"{_at(key, 'admin_tenants')}: {t[:80]!r} is not a tenant name "
+                     f"({TENANT_RULE})" for t in self.admin_tenants
+                     if not isinstance(t, str) or not TENANT_RE.match(t)]
         if problems:
             raise ConfigError(problems)
 
@@ -296,6 +303,10 @@ class TokenAuth:
         self.metrics["tokens_reloaded"] += 1
         self.log.info("auth_tokens_reloaded", tokens=len(self._tenants),
                       tenants=len(set(self._tenants.values())))
+
+    def is_admin(self, tenant: str) -> bool:
+        """Whether the tenant's tokens have the admin role (``admin_tenants``)."""
+        return tenant in self.cfg.admin_tenants
 
     def tenant_of_http(self, headers: Mapping[str, str]) -> str | None:
         """The tenant of an HTTP request's ``Authorization`` header (``Bearer TOKEN`` or

@@ -36,6 +36,9 @@ DEFAULT_ADMIN = os.environ.get("SPANPROF_ADMIN", "http://127.0.0.1:13133")
 DEFAULT_CACERT = os.environ.get("SPANPROF_CACERT") or None
 # the token an admin API with auth on asks for (sent as Authorization: Bearer)
 DEFAULT_TOKEN = os.environ.get("SPANPROF_TOKEN") or None
+# the tenant to read where the admin API has auth off (sent as X-Scope-OrgID); with auth
+# on, the token's tenant is read, and naming another is refused
+DEFAULT_TENANT = os.environ.get("SPANPROF_TENANT") or None
 
 
 def _config_errors(err: ConfigError) -> int:
@@ -98,6 +101,9 @@ def _admin_args(c: argparse.ArgumentParser) -> None:
                    help="CA file for an https admin API (SPANPROF_CACERT)")
     c.add_argument("--token", default=DEFAULT_TOKEN,
                    help="token for an admin API with auth on (SPANPROF_TOKEN)")
+    c.add_argument("--tenant", default=DEFAULT_TENANT,
+                   help="tenant to read where auth is off, sent as X-Scope-OrgID "
+                        "(SPANPROF_TENANT; default: the default tenant)")
 
 
 def _get(args: argparse.Namespace, path: str, params: dict[str, Any]) -> Any:
@@ -108,8 +114,10 @@ def _get(args: argparse.Namespace, path: str, params: dict[str, Any]) -> Any:
             if url.startswith("https:") else None
     except (OSError, ssl.SSLError) as err:
         raise SystemExit(f"error: --cacert {args.cacert}: {err}") from None
-    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {args.token}"}
-                                 if args.token else {})
+    headers = {"Authorization": f"Bearer {args.token}"} if args.token else {}
+    if args.tenant:
+        headers["X-Scope-OrgID"] = args.tenant
+    req = urllib.request.Request(url, headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=30, context=context) as resp:
             return json.loads(resp.read())

@@ -20,6 +20,7 @@ from structlog.testing import capture_logs
 from pipeline.auth import (
     DEFAULT_TENANT,
     TENANT_RE,
+    TENANT_RULE,
     AuthConfig,
     TokenAuth,
     redact_token,
@@ -192,6 +193,16 @@ class TestConfig:
         cfg = decode_struct({"tokens": {TOKEN_A: "team-a"}, "reload_interval": "2s"},
                             AuthConfig, KEY)
         assert isinstance(cfg, AuthConfig) and cfg.reload_interval == 2.0
+
+    def test_admin_tenants_are_tenant_names(self) -> None:
+        """``admin_tenants`` names tenants; a value that is not one is named at the key."""
+        cfg = AuthConfig(tokens={TOKEN_A: "team-a"}, admin_tenants=["ops", "x' OR 1"])
+        assert problems_of(cfg) == [
+            f"{KEY}.admin_tenants: \"x' OR 1\" is not a tenant name ({TENANT_RULE})"]
+        ok = AuthConfig(tokens={TOKEN_A: "team-a"}, admin_tenants=["team-a"])
+        ok.validate(KEY)
+        auth = TokenAuth(ok, "tenantauth", None)
+        assert auth.is_admin("team-a") and not auth.is_admin("team-b")
 
     def test_reload_interval_must_be_positive(self) -> None:
         """Built by hand with 0, the watcher would spin."""
