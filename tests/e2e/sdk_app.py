@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import sys
 import time
 from typing import Any
@@ -29,6 +30,7 @@ import pyroscope
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace.id_generator import IdGenerator
 from pyroscope.otel import PyroscopeSpanProcessor
 
 HEAVY_FUNCTION = "burn_cpu_in_hash_loop"
@@ -72,6 +74,23 @@ def exporter(protocol: str, endpoint: str, token: str = "") -> SpanExporter:
     return GrpcExporter(endpoint=endpoint, insecure=True, timeout=30, headers=headers)
 
 
+class SeededIds(IdGenerator):
+    """Trace and span ids drawn from a seeded generator: two runs with the same seed give
+    their spans the same ids (two tenants sending the same trace ids, issue #17)."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+
+    def generate_span_id(self) -> int:
+        return self.rng.getrandbits(64) or 1
+
+    def generate_trace_id(self) -> int:
+        return self.rng.getrandbits(128) or 1
+
+    def is_trace_id_random(self) -> bool:
+        return True
+
+
 def ids(span: Any) -> list[str]:
     ctx = span.get_span_context()
     return [format(ctx.trace_id, "032x"), format(ctx.span_id, "016x")]
@@ -89,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--upload-interval", type=int, default=1, help="seconds")
     ap.add_argument("--token", default="", help="sent as a bearer token (OTLP) and as the "
                     "basic-auth password (Pyroscope)")
+    ap.add_argument("--id-seed", type=int, default=None,
+                    help="draw trace and span ids from this seed (default: at random)")
     args = ap.parse_args(argv)
 
     pyroscope.configure(
@@ -103,7 +124,9 @@ def main(argv: list[str] | None = None) -> int:
         basic_auth_username="sdk-app" if args.token else "",
         basic_auth_password=args.token,
     )
-    provider = TracerProvider(resource=Resource.create({"service.name": args.service}))
+    provider = TracerProvider(resource=Resource.create({"service.name": args.service}),
+                              id_generator=SeededIds(args.id_seed)
+                              if args.id_seed is not None else None)
     provider.add_span_processor(PyroscopeSpanProcessor())
     provider.add_span_processor(BatchSpanProcessor(
         exporter(args.protocol, args.otlp_endpoint, args.token), schedule_delay_millis=500))
