@@ -10,6 +10,8 @@ Each accumulator knows its size in items (``ITEM_BYTES`` each), which the memory
 
 from __future__ import annotations
 
+import msgspec
+
 from pipeline.records import ProfileBatch, Sample
 from processors.correlate.sizes import METHOD_ITEMS
 
@@ -22,32 +24,28 @@ EXACT_METHODS = (LINK, LINK_TIME)
 LABELLED_METHODS = (LINK, LINK_TIME, SHARE)  # from labelled samples: reconciled per trace
 
 
-class M:
+# msgspec Structs with gc=False, like SpanInfo and Pending (``spans.py``): one of each is
+# held per span with CPU, hundreds of thousands at a long grace, and the garbage collector
+# scanning them is what stalls the event loop; they hold no cycles
+class M(msgspec.Struct, gc=False):
     """What one method contributed to one span since it was last reported."""
 
-    __slots__ = ("cpu_ns", "wall_ns", "count", "incl_cpu", "self_cpu", "self_wall",
-                 "stack_cpu", "stack_wall")
-
-    def __init__(self) -> None:
-        self.cpu_ns = 0
-        self.wall_ns = 0
-        self.count = 0
-        self.incl_cpu = 0
-        self.self_cpu: dict[str, int] = {}  # leaf function -> ns
-        self.self_wall: dict[str, int] = {}
-        self.stack_cpu: dict[int, int] = {}  # stack id -> ns (flame graphs)
-        self.stack_wall: dict[int, int] = {}
+    cpu_ns: int = 0
+    wall_ns: int = 0
+    count: int = 0
+    incl_cpu: int = 0
+    self_cpu: dict[str, int] = msgspec.field(default_factory=dict)  # leaf function -> ns
+    self_wall: dict[str, int] = msgspec.field(default_factory=dict)
+    stack_cpu: dict[int, int] = msgspec.field(default_factory=dict)  # stack id -> ns
+    stack_wall: dict[int, int] = msgspec.field(default_factory=dict)
 
 
-class Acc:
+class Acc(msgspec.Struct, gc=False):
     """CPU and wall time joined to one span since it was last reported, per method."""
 
-    __slots__ = ("by", "since", "service")
-
-    def __init__(self, since: float, service: str = "") -> None:
-        self.by: dict[str, M] = {}
-        self.since = since
-        self.service = service
+    since: float
+    service: str = ""
+    by: dict[str, M] = msgspec.field(default_factory=dict)
 
     def items(self) -> int:
         """Size in ``ITEM_BYTES``: methods and their function and stack entries."""
