@@ -39,6 +39,7 @@ from pipeline.config.tls import TlsConfig
 from pipeline.graph import Graph
 from pipeline.log import redact
 from pipeline.looplag import LoopLag
+from pipeline.receivers.authn import TENANT
 from pipeline.receivers.http import ServerLimits, serve
 
 MAX_LIMIT = 10_000
@@ -109,21 +110,29 @@ class AdminServer:
         return _json({"status": "ok", "pid": os.getpid()})
 
     async def metrics(self, request: web.Request) -> web.Response:
+        # every tenant's counters: with auth on, for the admin role only
+        if self.auth is not None and not self.auth.is_admin(request[TENANT]):
+            return _error(403, "/metrics: the token's tenant does not have the admin role "
+                               "(extensions.<tenantauth>.admin_tenants)")
         lines = []
         for key, node in self.graph.nodes.items():
             kind, cid = key.split(":", 1)
             comp = node.component
             counters: dict[str, int] = dict(getattr(comp, "metrics", {}) or {})
-            state = getattr(comp, "state", None)
-            if state is not None and hasattr(state, "stats"):
-                counters.update(dataclasses.asdict(state.stats))
+            if callable(stats := getattr(comp, "stats", None)):  # a correlator's, summed
+                counters.update(dataclasses.asdict(stats()))
             for name, value in sorted(counters.items()):
                 base, _, table = name.partition(".")
                 labels = f'{kind}="{cid}"' + (f',table="{table}"' if table else "")
                 lines.append(f"spanprof_{kind}_{base}_total{{{labels}}} {value}")
-            for gauge in ("entries", "bytes"):  # what a correlator holds, and its bound
-                if isinstance(held := getattr(state, gauge, None), int):
-                    lines.append(f'spanprof_{kind}_state_{gauge}{{{kind}="{cid}"}} {held}')
+            # what a correlator holds per tenant (entries: what max_entries bounds)
+            for tenant, state in sorted((getattr(comp, "states", None) or {}).items()):
+                for gauge in ("entries", "bytes"):
+                    lines.append(f'spanprof_{kind}_state_{gauge}{{{kind}="{cid}",'
+                                 f'tenant="{tenant}"}} {getattr(state, gauge)}')
+        for tenant, counts in sorted(self.graph.tenants.counters().items()):
+            for name, value in sorted(counts.items()):
+                lines.append(f'spanprof_tenant_{name}_total{{tenant="{tenant}"}} {value}')
         for name, value in sorted(self.guard_metrics.items()):  # this listener's own
             lines.append(f"spanprof_admin_{name}_total {value}")
         if self.loop_lag is not None:

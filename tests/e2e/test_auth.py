@@ -35,6 +35,7 @@ extensions:
   tenantauth:
     tokens_file: TOKENS_FILE
     reload_interval: 100ms
+    admin_tenants: [team-a]
 receivers:
   otlp:
     protocols:

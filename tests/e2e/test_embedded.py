@@ -194,8 +194,10 @@ class TestEmbeddedPipeline:
         held = dict(line.rsplit(" ", 1) for line in text.splitlines() if "_state_" in line)
         # the service's own event-loop lag histogram is exported beside the components'
         assert 'spanprof_event_loop_lag_seconds_bucket{le="+Inf"}' in text
-        assert held['spanprof_connector_state_entries{connector="spancorrelator"}'] == "1"
-        assert int(held['spanprof_connector_state_bytes{connector="spancorrelator"}']) > 500
+        labels = 'connector="spancorrelator",tenant="default"'
+        assert held[f"spanprof_connector_state_entries{{{labels}}}"] == "1"
+        assert int(held[f"spanprof_connector_state_bytes{{{labels}}}"]) > 500
+        assert 'spanprof_tenant_accepted_samples_total{tenant="default"} 1' in text
         traces_raw = channel.unary_unary(
             "/opentelemetry.proto.collector.trace.v1.TraceService/Export",
             request_serializer=None, response_deserializer=None)
