@@ -14,12 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import msgspec
 import pytest
 import yaml
 
 from pipeline.config import load_text
 from pipeline.otlp.builder import ProfileBuilder
 from pipeline.registry import default_factories
+from pipeline.tenants import TenantsConfig
 from tests.certs import CertAuthority
 from tests.conftest import SpanprofProcess, clickhouse, free_port, wait_until
 from tests.e2e.otlp_clients import profiles_stub, sdk_spans
@@ -231,6 +233,41 @@ class TestChart:
         res = helm_template(helm, tmp_path, {"clickhouse": {"endpoint": "chdb:///data"}},
                             tokens_secret="spanprof-tokens")
         assert res.returncode != 0 and "clickhouse.endpoint" in res.stderr
+
+
+# per-tenant limits (service.tenants) as a user writes them under a tier's values; a bytes
+# rate over a million, which Helm 3's toYaml writes 1.6777216e+07 (the loader reads that
+# as the integer)
+GATEWAY_TENANTS = {"max_tenants": 200,
+                   "limits": {"requests_per_second": 2.5, "bytes_per_second": 16777216},
+                   "overrides": {"team-a": {"requests_per_second": 500}}}
+CORRELATOR_TENANTS = {"limits": {"max_spans_held": 50000},
+                      "overrides": {"team-a": {"max_spans_held": 150000}}}
+
+
+class TestChartTenants:
+    """gateway.tenants and correlator.tenants: each tier's service.tenants (#17)."""
+
+    def test_no_tenants_block_by_default(self, helm: str, tmp_path: Path) -> None:
+        """The defaults ({}) render no service.tenants: the pipeline's own defaults."""
+        docs = render(helm, tmp_path)
+        for tier in ("gateway", "correlator"):
+            assert "tenants" not in pipeline_doc(docs, tier)["service"], tier
+
+    @pytest.mark.parametrize(("tier", "other", "tenants"), [
+        ("gateway", "correlator", GATEWAY_TENANTS),
+        ("correlator", "gateway", CORRELATOR_TENANTS)])
+    def test_a_tiers_tenants_are_its_service_tenants_alone(
+            self, helm: str, tmp_path: Path, mounted: MountedSecrets, tier: str, other: str,
+            tenants: dict[str, Any]) -> None:
+        """The values are rendered as they are under the tier's service.tenants, the other
+        tier's pipeline is left without, and spanprof's loader reads them as given."""
+        docs = render(helm, tmp_path, {tier: {"tenants": tenants}})
+        assert pipeline_doc(docs, tier)["service"]["tenants"] == tenants
+        assert "tenants" not in pipeline_doc(docs, other)["service"]
+        cfg = load_text(mounted.remap(pipeline_text(docs, tier)), FACTORIES, env={})
+        assert msgspec.to_builtins(cfg.service.tenants) == merged(
+            msgspec.to_builtins(TenantsConfig()), tenants)
 
 
 GATEWAY_TLS = {"gateway": {"tls": {"enabled": True, "secretName": "gw-tls"}}}
