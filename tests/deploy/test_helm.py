@@ -271,8 +271,10 @@ class TestChartTenants:
 
 
 GATEWAY_TLS = {"gateway": {"tls": {"enabled": True, "secretName": "gw-tls"}}}
+# "ops": the tenant of MountedSecrets' admin token, which has the admin role (/metrics)
 ADMIN_ON = {"admin": {"tls": {"enabled": True, "secretName": "admin-tls"},
                       "auth": {"enabled": True, "tokensSecret": {"name": "admin-tokens"},
+                               "adminTenants": ["ops"],
                                "scrapeTokenSecret": {"name": "scrape-token", "key": "t"}}}}
 EVERYTHING = merged(merged(GATEWAY_TLS, {"gateway": {"tls": {"clientAuth": True}}}), ADMIN_ON)
 
@@ -381,8 +383,9 @@ class TestChartSecurity:
             self, helm: str, tmp_path: Path) -> None:
         """admin.tls and admin.auth: both tiers mount the admin Secrets, serve HTTPS (probes
         and scrape annotations follow) and name tenantauth/admin, whose tokens are not the
-        gateway's clients'; the PodMonitor sends the scrape token from its Secret. Each
-        Secret left unnamed is refused."""
+        gateway's clients' and whose admin_tenants are admin.auth.adminTenants; the
+        PodMonitor sends the scrape token from its Secret. Each Secret left unnamed is
+        refused, and so is an empty adminTenants (the scrape token's tenant would get 403)."""
         docs = render(helm, tmp_path, merged(ADMIN_ON, {"podMonitor": {"enabled": True}}))
         for tier in ("gateway", "correlator"):
             vols = secret_volumes(docs, tier)
@@ -396,7 +399,7 @@ class TestChartSecurity:
                 "tls": {"cert_file": f"{tls_path}/tls.crt", "key_file": f"{tls_path}/tls.key"},
                 "auth": {"authenticator": "tenantauth/admin"}}
             assert cfg["extensions"]["tenantauth/admin"] == {
-                "tokens_file": f"{tokens_path}/tokens.yaml"}
+                "tokens_file": f"{tokens_path}/tokens.yaml", "admin_tenants": ["ops"]}
             assert "tenantauth/admin" in cfg["service"]["extensions"]
             c = container(docs, tier)
             assert c["readinessProbe"]["httpGet"] == {"path": "/health", "port": "admin",
@@ -406,6 +409,7 @@ class TestChartSecurity:
         gw = pipeline_doc(docs, "gateway")
         assert gw["service"]["extensions"] == ["tenantauth", "tenantauth/admin"]
         assert gw["extensions"]["tenantauth"] != gw["extensions"]["tenantauth/admin"]
+        assert "admin_tenants" not in gw["extensions"]["tenantauth"]  # the clients' tokens
         (endpoint,) = docs[("PodMonitor", "rel-spanprof")]["spec"]["podMetricsEndpoints"]
         assert endpoint["port"] == "admin" and endpoint["scheme"] == "https"
         assert endpoint["authorization"] == {"type": "Bearer",
@@ -414,9 +418,28 @@ class TestChartSecurity:
                 ("admin.tls.secretName", {"tls": {"secretName": ""}}),
                 ("admin.auth.tokensSecret.name", {"auth": {"tokensSecret": {"name": ""}}}),
                 ("admin.auth.scrapeTokenSecret.name",
-                 {"auth": {"scrapeTokenSecret": {"name": ""}}})):
+                 {"auth": {"scrapeTokenSecret": {"name": ""}}}),
+                ("admin.auth.adminTenants", {"auth": {"adminTenants": []}})):
             values = merged(ADMIN_ON, {"podMonitor": {"enabled": True}, "admin": unnamed})
             refused(helm_template(helm, tmp_path, values, "spanprof-tokens"), key)
+
+    def test_admin_tenants_without_a_podmonitor(self, helm: str, tmp_path: Path) -> None:
+        """With no PodMonitor an empty adminTenants renders (whatever scrapes is the user's
+        to configure) and no admin_tenants key is written; listed tenants are written in
+        both tiers' tenantauth/admin as given; the refusal says why."""
+        values = merged(ADMIN_ON, {"admin": {"auth": {"adminTenants": []}}})
+        docs = render(helm, tmp_path, values)
+        for tier in ("gateway", "correlator"):
+            assert "admin_tenants" not in pipeline_doc(docs, tier)["extensions"][
+                "tenantauth/admin"], tier
+        docs = render(helm, tmp_path, merged(values, {"admin": {"auth": {
+            "adminTenants": ["ops", "monitoring"]}}}))
+        for tier in ("gateway", "correlator"):
+            assert pipeline_doc(docs, tier)["extensions"]["tenantauth/admin"][
+                "admin_tenants"] == ["ops", "monitoring"], tier
+        refused(helm_template(helm, tmp_path, merged(values, {"podMonitor": {"enabled": True}}),
+                              "spanprof-tokens"),
+                "admin.auth.adminTenants", "403", "admin.auth.scrapeTokenSecret")
 
     def test_no_secret_in_a_configmap_nor_in_the_defaults(self, helm: str,
                                                           tmp_path: Path) -> None:
@@ -442,7 +465,7 @@ class TestChartSecurity:
             assert "BEGIN" not in text
             cfg = yaml.safe_load(text)
             for ext in cfg["extensions"].values():
-                assert set(ext) == {"tokens_file"}
+                assert set(ext) <= {"tokens_file", "admin_tenants"}
             for key, value in walk(cfg):
                 if key.endswith("_file"):
                     assert str(value).startswith(f"{SECRETS_DIR}/"), key

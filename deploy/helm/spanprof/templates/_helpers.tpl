@@ -74,6 +74,9 @@ the files. */}}
 {{- $_ := required "admin.auth.tokensSecret.name: name the Secret holding the admin API's tokens file (YAML `token: tenant`), or set admin.auth.enabled=false" $a.auth.tokensSecret.name }}
 {{- if .Values.podMonitor.enabled }}
 {{- $_ := required "admin.auth.scrapeTokenSecret.name: with admin.auth on, the PodMonitor needs the Secret holding the token Prometheus sends" $a.auth.scrapeTokenSecret.name }}
+{{- if not $a.auth.adminTenants }}
+{{- fail "admin.auth.adminTenants: with admin.auth on, /metrics answers only tokens of these tenants (others get 403): list the tenant of the PodMonitor's token (admin.auth.scrapeTokenSecret)" }}
+{{- end }}
 {{- end }}
 {{- end }}
 {{- end -}}
@@ -120,6 +123,9 @@ extensions:
   {{- if has "tenantauth/admin" $ids }}
   tenantauth/admin:  # the Secret admin.auth.tokensSecret, mounted
     tokens_file: {{ $dir }}/admin-tokens/tokens.yaml
+    {{- with .root.Values.admin.auth.adminTenants }}
+    admin_tenants: {{ toJson . }}  # admin.auth.adminTenants: may read /metrics
+    {{- end }}
   {{- end }}
 {{- end }}
 {{- end -}}
