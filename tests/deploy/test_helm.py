@@ -486,9 +486,13 @@ class TestChartSecurity:
             self, helm: str, tmp_path: Path, mounted: MountedSecrets) -> None:
         """Both tiers rendered with every door closed, their Secrets' mount paths remapped
         to generated certificates and tokens files, pass ``spanprof validate`` (which loads
-        the certificates and reads the tokens); with nothing at the mount paths it fails
-        naming each key."""
-        docs = render(helm, tmp_path, EVERYTHING)
+        the certificates and reads the tokens), with admin tenants and each tier's tenants
+        limits too; with nothing at the mount paths it fails naming each key."""
+        docs = render(helm, tmp_path, merged(EVERYTHING, {
+            "gateway": {"tenants": GATEWAY_TENANTS},
+            "correlator": {"tenants": CORRELATOR_TENANTS}}))
+        for tier in ("gateway", "correlator"):
+            assert "tenants" in pipeline_doc(docs, tier)["service"]
         for tier in ("gateway", "correlator"):
             path = tmp_path / f"{tier}.yaml"
             path.write_text(mounted.remap(pipeline_text(docs, tier)))
