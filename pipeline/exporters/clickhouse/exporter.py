@@ -48,9 +48,11 @@ from pipeline.exporters.clickhouse.queue import SendingQueue
 from pipeline.exporters.clickhouse.queue_log import QueueError
 from pipeline.exporters.clickhouse.schema import (
     SchemaOptions,
+    Step,
     bootstrap,
+    lacks_column,
     on_cluster,
-    statements,
+    plan,
     ttl_changes,
 )
 from pipeline.exporters.clickhouse.writer import Writer
@@ -162,6 +164,18 @@ def _tls_settings(tls: ClientTls | None) -> dict[str, Any]:
     return out
 
 
+def apply_step(client: ClickHouseClient, schema: SchemaOptions, step: Step) -> bool:
+    """Apply one step of a migration, unless its ``when TABLE lacks COLUMN`` says it is
+    done; whether it was applied."""
+    if step.lacks is not None:
+        check, params = lacks_column(schema, step.lacks)
+        if not client.query(check, parameters=params).result_rows[0][0]:
+            return False
+    for sql in step.sql:
+        client.command(sql)
+    return True
+
+
 class ClickHouseExporter:
     def __init__(self, cfg: Config, ctx: Context) -> None:
         self.cfg = cfg
@@ -237,7 +251,9 @@ class ClickHouseExporter:
         self.log.info("clickhouse_ready", endpoint=self.cfg.endpoint, database=self.cfg.database)
 
     def migrate(self) -> None:
-        """Apply, in order, every migration not yet recorded in ``schema_migrations``."""
+        """Apply, in order, every migration not yet recorded in ``schema_migrations``; a
+        ``when TABLE lacks COLUMN`` statement only while the table lacks the column (so that
+        a migration killed part-way can be applied again whole)."""
         client = self.client
         if client is None:
             raise Retryable(f"{self.ctx.id}: not started")
@@ -247,11 +263,11 @@ class ClickHouseExporter:
         db = self.cfg.database
         applied = {r[0] for r in client.query(
             f"SELECT version FROM {db}.schema_migrations").result_rows}
-        for version, stmts in statements(self.schema):
+        for version, steps in plan(self.schema):
             if version in applied:
                 continue
-            for sql in stmts:
-                client.command(sql)
+            for step in steps:
+                apply_step(client, self.schema, step)
             client.insert(f"{db}.schema_migrations", [[version]], column_names=["version"])
             self.log.info("clickhouse_migrated", version=version)
         current = {name: ddl for name, ddl in client.query(

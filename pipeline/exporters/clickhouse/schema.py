@@ -16,6 +16,13 @@ rest, up to the next marker, is the statement as applied, its own comments inclu
 
 ``-- statement when ttl`` renders that statement only when ``ttl_seconds > 0``.
 
+``-- statement when TABLE lacks COLUMN`` is applied only while ``TABLE`` (on a cluster: its
+local table) has no column ``COLUMN``: the runner asks ``system.columns`` just before the
+statement. It is what makes a statement that is not idempotent by itself (``EXCHANGE
+TABLES``, a copy) safe to apply again: a migration killed part-way is applied again whole
+(its version is recorded only at the end), and such a statement must then do nothing once
+what it did is done. ``spanprof schema print`` prints the condition as a comment above it.
+
 In a statement, and nowhere else, these placeholders are replaced:
 
 ``{db}``                 the database
@@ -24,12 +31,20 @@ In a statement, and nowhere else, these placeholders are replaced:
 ``{dedup}``              the deduplication window a retried insert is dropped within
 ``{stack_ttl_seconds}``  how long an unseen stack stays: ``ttl_seconds`` plus
                          ``STACK_TTL_MARGIN_S``
+``{stack_ttl:COLUMN}``   ``TTL toDateTime(COLUMN) + toIntervalSecond(stack_ttl_seconds)``, or
+                         nothing (``ttl_seconds`` 0)
 
 Any other ``{word}`` or ``{word:word}`` is an error when the file is read; other braces
 are left as they are. A file that does not parse stops the import of this module, so a
 broken migration fails every test rather than a deployment.
 
 Cluster schemas are derived from the same statements (``on_cluster``).
+
+Rebuilding a table (a new ordering key: ClickHouse cannot change one in place) follows one
+pattern, migration 11's: the new table is made under ``NAME__new``, emptied, filled from
+``NAME``, and exchanged with it, each of those while ``NAME`` lacks the new column; then
+``NAME__new`` (the old rows, by then) is dropped. ``ttl_plan`` reads ``NAME__new`` as
+``NAME``.
 """
 
 from __future__ import annotations
@@ -39,6 +54,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from importlib.resources.abc import Traversable
+from typing import NamedTuple
 
 
 @dataclass(frozen=True)
@@ -79,16 +95,34 @@ _PLACEHOLDERS: dict[str, Callable[[SchemaOptions, str], str]] = {
     "ttl": lambda o, column: _ttl(column, o),
     "dedup": lambda o, _: DEDUP_SETTING,
     "stack_ttl_seconds": lambda o, _: str(_stack_ttl_seconds(o)),
+    "stack_ttl": lambda o, column: (f"TTL {_ttl_expr(column, _stack_ttl_seconds(o))}"
+                                    if o.ttl_seconds > 0 else ""),
 }
-_TAKES_ARGUMENT = {"ttl"}
+_TAKES_ARGUMENT = {"ttl", "stack_ttl"}
 # ``-- statement when NAME``: rendered only when NAME holds for the options
 _CONDITIONS: dict[str, Callable[[SchemaOptions], bool]] = {
     "ttl": lambda o: o.ttl_seconds > 0,
 }
 _PLACEHOLDER = re.compile(r"\{(\w+)(?::(\w+))?\}")
 _MARKER_LIKE = re.compile(r"--\s*statement\b")  # a line meant as a marker, well formed or not
-_MARKER = re.compile(r"-- statement(?: when (\w+))?")
+_MARKER = re.compile(r"-- statement(?: when (\w+)(?: lacks (\w+))?)?")
 _FILE_NAME = re.compile(r"(\d{4})_(\w+)\.sql")
+
+
+class Lacks(NamedTuple):
+    """``-- statement when TABLE lacks COLUMN``: applied only while the table (its local
+    table on a cluster) has no such column; the runner checks before applying."""
+
+    table: str
+    column: str
+
+
+class Step(NamedTuple):
+    """A statement as the runner applies it: its SQL (one or more statements on a
+    cluster) and the condition checked once before them, if any."""
+
+    sql: list[str]
+    lacks: Lacks | None = None
 
 
 @dataclass(frozen=True)
@@ -97,6 +131,7 @@ class Statement:
 
     sql: str
     when: str | None = None  # a name in _CONDITIONS
+    lacks: Lacks | None = None
 
     def render(self, o: SchemaOptions) -> str | None:
         if self.when is not None and not _CONDITIONS[self.when](o):
@@ -115,7 +150,12 @@ class Migration:
 
     def render(self, o: SchemaOptions) -> list[str]:
         """The statements to apply, in order, for these options."""
-        return [sql for s in self.statements if (sql := s.render(o)) is not None]
+        return [step.sql[0] for step in self.steps(o)]
+
+    def steps(self, o: SchemaOptions) -> list[Step]:
+        """The statements to apply, in order, each with its condition on the database."""
+        return [Step([sql], s.lacks) for s in self.statements
+                if (sql := s.render(o)) is not None]
 
 
 def parse_migration(file_name: str, text: str) -> Migration:
@@ -124,21 +164,26 @@ def parse_migration(file_name: str, text: str) -> Migration:
     named = _FILE_NAME.fullmatch(file_name)
     if named is None:
         raise ValueError(f"migrations/{file_name}: expected a name like 0010_what_it_does.sql")
-    chunks: list[tuple[str | None, list[tuple[int, str]]]] = []
+    chunks: list[tuple[str | None, Lacks | None, list[tuple[int, str]]]] = []
     for number, line in enumerate(text.splitlines(), 1):
         where = f"migrations/{file_name}:{number}"
         if _MARKER_LIKE.match(line.strip()):
             marker = _MARKER.fullmatch(line.strip())
-            if marker is None or (marker[1] is not None and marker[1] not in _CONDITIONS):
-                raise ValueError(f"{where}: expected '-- statement' or '-- statement when "
-                                 f"{' | '.join(_CONDITIONS)}', got {line.strip()!r}")
-            chunks.append((marker[1], []))
+            if marker is None or (marker[1] is not None and marker[2] is None
+                                  and marker[1] not in _CONDITIONS):
+                raise ValueError(f"{where}: expected '-- statement', '-- statement when "
+                                 f"{' | '.join(_CONDITIONS)}' or '-- statement when TABLE "
+                                 f"lacks COLUMN', got {line.strip()!r}")
+            if marker[2] is not None:
+                chunks.append((None, Lacks(marker[1], marker[2]), []))
+            else:
+                chunks.append((marker[1], None, []))
         elif chunks:
-            chunks[-1][1].append((number, line))
+            chunks[-1][2].append((number, line))
         elif line.strip() and not line.lstrip().startswith("--"):
             raise ValueError(f"{where}: SQL before the first '-- statement' line")
     statements = []
-    for when, lines in chunks:
+    for when, lacks, lines in chunks:
         while lines and (not lines[0][1].strip() or lines[0][1].lstrip().startswith("--")):
             lines.pop(0)  # the statement's description
         if not lines:
@@ -150,7 +195,8 @@ def parse_migration(file_name: str, text: str) -> Migration:
                                       + "}" for n in _PLACEHOLDERS)
                     raise ValueError(f"migrations/{file_name}:{number}: unknown placeholder "
                                      f"{m[0]} (known: {known})")
-        statements.append(Statement("\n".join(line for _, line in lines).rstrip(), when))
+        statements.append(Statement("\n".join(line for _, line in lines).rstrip(), when,
+                                    lacks))
     if not statements:
         raise ValueError(f"migrations/{file_name}: no '-- statement' line")
     return Migration(int(named[1]), named[2], tuple(statements))
@@ -170,6 +216,8 @@ def load_migrations(folder: Traversable) -> tuple[Migration, ...]:
 MIGRATIONS = load_migrations(resources.files(__name__.rpartition(".")[0]) / "migrations")
 
 
+# the name a table is rebuilt under before it is exchanged with the table (see the docstring)
+REBUILT = "__new"
 # a table's TTL column, as its CREATE TABLE template writes it
 _TTL_OF = re.compile(r"CREATE TABLE IF NOT EXISTS \{db\}\.(\w+) \(.*?\{ttl:(\w+)\}", re.S)
 _INTERVAL = re.compile(r"\bTTL\b.*?toIntervalSecond\((\d+)\)", re.S)
@@ -178,7 +226,7 @@ _INTERVAL = re.compile(r"\bTTL\b.*?toIntervalSecond\((\d+)\)", re.S)
 def ttl_plan(o: SchemaOptions) -> dict[str, tuple[str, int]]:
     """Per table: the column its TTL counts from and the seconds it should keep rows for
     (0: for ever), as the migrations would create it with these options today."""
-    plan = {table: (column, o.ttl_seconds)
+    plan = {table.removesuffix(REBUILT): (column, o.ttl_seconds)
             for migration in MIGRATIONS for s in migration.statements
             for table, column in _TTL_OF.findall(s.sql)}
     plan["profile_stacks"] = ("last_seen", _stack_ttl_seconds(o))  # migration 7
@@ -216,11 +264,29 @@ def bootstrap(o: SchemaOptions) -> list[str]:
     ]
 
 
+def plan(o: SchemaOptions) -> list[tuple[int, list[Step]]]:
+    """Each migration's version and the steps it applies with these options (on a
+    cluster, each step's statements are those ``on_cluster`` derives from it)."""
+    if not o.cluster:
+        return [(m.version, m.steps(o)) for m in MIGRATIONS]
+    return [(m.version, [Step(on_cluster(step.sql, o), step.lacks) for step in m.steps(o)])
+            for m in MIGRATIONS]
+
+
 def statements(o: SchemaOptions) -> list[tuple[int, list[str]]]:
     """Each migration's version and the statements it applies with these options."""
-    if o.cluster:
-        return [(m.version, on_cluster(m.render(o), o)) for m in MIGRATIONS]
-    return [(m.version, m.render(o)) for m in MIGRATIONS]
+    return [(version, [sql for step in steps for sql in step.sql])
+            for version, steps in plan(o)]
+
+
+def lacks_column(o: SchemaOptions, lacks: Lacks) -> tuple[str, dict[str, str]]:
+    """The query (and its parameters) whose single value is 1 when a ``when TABLE lacks
+    COLUMN`` statement is to be applied: the table (local table on a cluster) has no such
+    column."""
+    table = f"{lacks.table}_local" if o.cluster else lacks.table
+    return ("SELECT count() = 0 FROM system.columns WHERE database = {db:String} "
+            "AND table = {table:String} AND name = {column:String}",
+            {"db": o.database, "table": table, "column": lacks.column})
 
 
 _CREATE_TABLE = re.compile(r"^CREATE TABLE IF NOT EXISTS (\w+)\.(\w+) \(")
@@ -228,6 +294,10 @@ _ENGINE = re.compile(r"ENGINE = (\w*)MergeTree(\(([^)]*)\))?")
 _CREATE_VIEW = re.compile(r"^CREATE (OR REPLACE VIEW|VIEW IF NOT EXISTS) (\w+)\.(\w+) AS")
 _CREATE_MV = re.compile(r"^CREATE MATERIALIZED VIEW IF NOT EXISTS (\w+)\.(\w+)\s+TO (\w+)\.(\w+)")
 _ALTER = re.compile(r"^ALTER TABLE (\w+)\.(\w+)")
+_DROP = re.compile(r"^DROP (TABLE|VIEW) IF EXISTS (\w+)\.(\w+)$")
+_TRUNCATE = re.compile(r"^TRUNCATE TABLE IF EXISTS (\w+)\.(\w+)$")
+_EXCHANGE = re.compile(r"^EXCHANGE TABLES (\w+)\.(\w+) AND (\w+)\.(\w+)$")
+_INSERT = re.compile(r"^INSERT INTO (\w+)\.(\w+) ")
 
 
 def _shard_key(ddl: str) -> str:
@@ -246,7 +316,14 @@ def on_cluster(stmts: list[str], o: SchemaOptions) -> list[str]:
     tables (each node aggregates what it stores; queries re-aggregate across shards, which
     sums and uniqExact states allow); views read the Distributed tables, with GLOBAL joins.
     Inserts must be synchronous (``insert_distributed_sync``) for deduplication tokens to
-    reach the shards: the exporter sets it when ``cluster`` is configured."""
+    reach the shards: the exporter sets it when ``cluster`` is configured.
+
+    A rebuild (``NAME__new``, see the module's docstring) exchanges the local tables; the
+    Distributed table ``NAME`` is first remade with the new columns (over ``NAME_local``,
+    which the exchange then makes the new table). Its copy goes through the Distributed
+    tables, once, from the node the runner is connected to. The exchanged local table
+    keeps the Keeper path it was created with (``.../NAME__new_local``). Not run on a
+    real cluster here (no cluster in the tests): the statements are checked as text."""
     c = o.cluster
     out: list[str] = []
     for stmt in stmts:
@@ -285,6 +362,23 @@ def on_cluster(stmts: list[str], o: SchemaOptions) -> list[str]:
                 continue
             out.append(f"ALTER TABLE {db}.{name}_local ON CLUSTER {c}{rest}")
             out.append(f"ALTER TABLE {db}.{name} ON CLUSTER {c}{rest}")
+        elif m := _DROP.match(s):
+            kind, db, name = m.groups()
+            out.append(f"DROP {kind} IF EXISTS {db}.{name} ON CLUSTER {c}")
+            if kind == "TABLE":
+                out.append(f"DROP TABLE IF EXISTS {db}.{name}_local ON CLUSTER {c}")
+        elif m := _TRUNCATE.match(s):
+            db, name = m.groups()
+            out.append(f"TRUNCATE TABLE IF EXISTS {db}.{name}_local ON CLUSTER {c}")
+        elif m := _EXCHANGE.match(s):
+            db, name, db2, other = m.groups()
+            out.append(f"CREATE OR REPLACE TABLE {db}.{name} ON CLUSTER {c} AS "
+                       f"{db2}.{other}_local\nENGINE = Distributed({c}, {db}, {name}_local, "
+                       f"{_SHARD_KEYS.get(name, 'rand()')})")
+            out.append(f"EXCHANGE TABLES {db}.{name}_local AND {db2}.{other}_local "
+                       f"ON CLUSTER {c}")
+        elif _INSERT.match(s):
+            out.append(s)  # through the Distributed tables, once
         elif s.startswith("CREATE DATABASE IF NOT EXISTS "):
             out.append(f"{s} ON CLUSTER {c}")
         else:
@@ -292,10 +386,19 @@ def on_cluster(stmts: list[str], o: SchemaOptions) -> list[str]:
     return out
 
 
+# each table's sharding key on a cluster, from the CREATE TABLE that made it
+_SHARD_KEYS = {m[1]: _shard_key(s.sql) for migration in MIGRATIONS
+               for s in migration.statements
+               if (m := re.match(r"CREATE TABLE IF NOT EXISTS \{db\}\.(\w+) \(", s.sql))}
+
+
 def render(o: SchemaOptions) -> str:
     boot = on_cluster(bootstrap(o), o) if o.cluster else bootstrap(o)
     out = ["-- bootstrap"] + [s.strip() + ";\n" for s in boot]
-    for version, stmts in statements(o):
+    for version, steps in plan(o):
         out.append(f"-- migration {version}")
-        out.extend(s.strip() + ";\n" for s in stmts)
+        for step in steps:
+            when = (f"-- only while {step.lacks.table} has no column {step.lacks.column}\n"
+                    if step.lacks else "")
+            out.extend(when + s.strip() + ";\n" for s in step.sql)
     return "\n".join(out)

@@ -70,6 +70,38 @@ class TestClusterSchema:
         assert all(re.match(r"ALTER TABLE spanprof\.\w+_local ON CLUSTER", a)
                    for a in local_only), local_only
 
+    def test_a_rebuilt_table_exchanges_its_local_tables(self) -> None:
+        """Migration 11's rebuild on a cluster: the staging table is local + Distributed like
+        any other; emptied and exchanged as local tables, after the Distributed table under
+        the plain name is remade with the new columns (over NAME_local); copied once through
+        the Distributed tables; dropped both; views dropped on every node."""
+        from pipeline.exporters.clickhouse.schema import plan
+
+        steps = dict(plan(CLUSTER))[11]
+        by_first = {s.sql[0].split(" ON CLUSTER")[0]: s for s in steps}
+        exchange = next(s for s in steps if "EXCHANGE TABLES spanprof.otel_traces_local" in
+                        s.sql[-1])
+        assert exchange.lacks is not None and exchange.lacks.table == "otel_traces"
+        assert exchange.sql == [
+            "CREATE OR REPLACE TABLE spanprof.otel_traces ON CLUSTER prod AS "
+            "spanprof.otel_traces__new_local\nENGINE = Distributed(prod, spanprof, "
+            "otel_traces_local, cityHash64(TraceId))",
+            "EXCHANGE TABLES spanprof.otel_traces_local AND spanprof.otel_traces__new_local "
+            "ON CLUSTER prod"]
+        assert by_first["TRUNCATE TABLE IF EXISTS spanprof.otel_traces__new_local"].sql == [
+            "TRUNCATE TABLE IF EXISTS spanprof.otel_traces__new_local ON CLUSTER prod"]
+        assert by_first["DROP TABLE IF EXISTS spanprof.otel_traces__new"].sql == [
+            "DROP TABLE IF EXISTS spanprof.otel_traces__new ON CLUSTER prod",
+            "DROP TABLE IF EXISTS spanprof.otel_traces__new_local ON CLUSTER prod"]
+        assert by_first["DROP VIEW IF EXISTS spanprof.op_minute_mv"].sql == [
+            "DROP VIEW IF EXISTS spanprof.op_minute_mv ON CLUSTER prod"]
+        copy = next(s for s in steps if s.sql[0].startswith(
+            "INSERT INTO spanprof.otel_traces__new "))
+        assert len(copy.sql) == 1 and "FROM spanprof.otel_traces\n" in copy.sql[0] + "\n"
+        assert re.search(r"CREATE TABLE IF NOT EXISTS spanprof\.profile_stacks__new_local ON "
+                         r"CLUSTER prod \(.*ORDER BY \(tenant, stack_id\)", "\n".join(
+                             sql for s in steps for sql in s.sql), re.S)
+
     def test_a_changed_ttl_alters_the_local_tables(self) -> None:
         from pipeline.exporters.clickhouse.schema import ttl_changes
 

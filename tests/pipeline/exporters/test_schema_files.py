@@ -92,6 +92,25 @@ class TestMigrationFiles:
         m = parse_migration("0010_json.sql", "-- statement\nSELECT '{\"a\": 1}' FROM {db}.t\n")
         assert m.render(SchemaOptions(database="d")) == ["SELECT '{\"a\": 1}' FROM d.t"]
 
+    def test_a_statement_applied_while_a_table_lacks_a_column(self) -> None:
+        """``-- statement when TABLE lacks COLUMN``: the step carries the condition the runner
+        checks (on the local table for a cluster), and ``schema print`` shows it."""
+        from pipeline.exporters.clickhouse.schema import Lacks, lacks_column, render
+
+        m = parse_migration("0010_example.sql", "-- statement when t lacks tenant\n"
+                                                "-- why\nEXCHANGE TABLES {db}.t AND {db}.t__new\n"
+                                                "-- statement\nDROP TABLE IF EXISTS {db}.t__new")
+        (exchange, drop) = m.steps(SchemaOptions(database="d"))
+        assert exchange == (["EXCHANGE TABLES d.t AND d.t__new"], Lacks("t", "tenant"))
+        assert drop == (["DROP TABLE IF EXISTS d.t__new"], None)
+        sql, params = lacks_column(SchemaOptions(database="d"), Lacks("t", "tenant"))
+        assert "system.columns" in sql and params == {"db": "d", "table": "t",
+                                                      "column": "tenant"}
+        assert lacks_column(SchemaOptions(cluster="c"), Lacks("t", "x"))[1]["table"] == "t_local"
+        printed = render(SchemaOptions())
+        assert ("-- only while otel_traces has no column tenant\n"
+                "EXCHANGE TABLES spanprof.otel_traces AND spanprof.otel_traces__new;") in printed
+
     def test_statements_follow_the_files(self) -> None:
         """``statements`` is each file's statements in order, without ``when ttl`` ones
         when rows are kept for ever."""
@@ -110,9 +129,14 @@ class TestRefused:
         ("0010_example.sql", "-- statement\n-- a description only\n\n-- statement\nSELECT 1",
          "a '-- statement' with no SQL after it"),
         ("0010_example.sql", "-- statement\nSELECT 1\n-- statement if ttl\nSELECT 2",
-         "0010_example.sql:3: expected '-- statement' or '-- statement when ttl'"),
+         "0010_example.sql:3: expected '-- statement', '-- statement when ttl' or "
+         "'-- statement when TABLE lacks COLUMN'"),
         ("0010_example.sql", "-- statement when cluster\nSELECT 1",
-         "0010_example.sql:1: expected '-- statement' or '-- statement when ttl'"),
+         "0010_example.sql:1: expected '-- statement', '-- statement when ttl' or "
+         "'-- statement when TABLE lacks COLUMN'"),
+        ("0010_example.sql", "-- statement when t lacks\nSELECT 1",
+         "0010_example.sql:1: expected '-- statement', '-- statement when ttl' or "
+         "'-- statement when TABLE lacks COLUMN'"),
         ("0010_example.sql", "-- statement\nSELECT 1\nFROM {database}.t",
          "0010_example.sql:3: unknown placeholder {database}"),
         ("0010_example.sql", "-- statement\nSELECT 1 FROM t\n{ttl}",
