@@ -280,13 +280,13 @@ class ClickHouseExporter:
     async def consume(self, batch: Batch) -> None:
         if self.writer is None:
             raise Retryable(f"{self.ctx.id}: not started")
-        stacks: set[int] = set()
+        stacks: set[rows.StackKey] = set()
         if isinstance(batch, SpanBatch):
             tables = rows.traces(batch)
         elif isinstance(batch, ProfileBatch):
-            skip = self.writer.known_stacks(batch.stacks)
+            skip = self.writer.known_stacks(batch.tenant, batch.stacks)
             tables = rows.profiles(batch, skip)
-            stacks = set(batch.stacks) - skip
+            stacks = {(batch.tenant, sid) for sid in batch.stacks if sid not in skip}
         elif isinstance(batch, AttributionBatch):
             tables = rows.attributions(batch)
         else:

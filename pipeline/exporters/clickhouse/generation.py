@@ -15,7 +15,7 @@ import uuid
 
 from pipeline.errors import Retryable
 from pipeline.exporters.clickhouse.quarantine import row_count
-from pipeline.exporters.clickhouse.rows import Columns, extend
+from pipeline.exporters.clickhouse.rows import Columns, StackKey, extend
 
 
 class Generation:
@@ -30,7 +30,7 @@ class Generation:
         self.tables: dict[str, Columns] = {}
         self.rows = 0
         self.done: asyncio.Future[None] = loop.create_future()
-        self.stacks: set[int] = set()
+        self.stacks: set[StackKey] = set()  # (tenant, stack id)
         self.opened = time.monotonic()
         # insert tokens of the blocks (and split halves) stored: retries skip them
         self.inserted: set[str] = set()

@@ -13,9 +13,11 @@ import math
 from dataclasses import dataclass
 
 from pipeline.exporters.clickhouse.rows import COLUMNS, Columns
+from pipeline.records import DEFAULT_TENANT
 
 TABLE = "quarantine"
-QUARANTINE_COLUMNS = ["component", "table", "reason", "row"]  # time: DEFAULT now64(3)
+# time: DEFAULT now64(3)
+QUARANTINE_COLUMNS = ["tenant", "component", "table", "reason", "row"]
 # what a log line may show of a row (field values can be anything a client sent)
 LOG_PREFIX = 80
 
@@ -27,6 +29,7 @@ class BadRow:
     table: str
     row: str  # JSON
     reason: str
+    tenant: str = DEFAULT_TENANT  # the row's own: an operator reads a tenant's refusals
 
 
 def printable(value: object) -> object:
@@ -51,9 +54,16 @@ def row_json(table: str, cols: Columns, i: int = 0) -> str:
                       ensure_ascii=True, separators=(",", ":"))
 
 
+def tenant_of(cols: Columns, i: int = 0) -> str:
+    """Row ``i``'s tenant (every table's rows carry one; the default for a block without)."""
+    tenants = cols.get("tenant")
+    return str(tenants[i]) if tenants else DEFAULT_TENANT
+
+
 def columns(component: str, bad: list[BadRow]) -> Columns:
     """The quarantine table's insert block for these rows."""
-    return {"component": [component] * len(bad), "table": [b.table for b in bad],
+    return {"tenant": [b.tenant for b in bad],
+            "component": [component] * len(bad), "table": [b.table for b in bad],
             "reason": [b.reason for b in bad], "row": [b.row for b in bad]}
 
 

@@ -47,7 +47,7 @@ from pipeline.exporters.clickhouse.queue_log import (
     segment_path,
 )
 from pipeline.exporters.clickhouse.queue_replay import read_back
-from pipeline.exporters.clickhouse.rows import Columns, extend
+from pipeline.exporters.clickhouse.rows import Columns, StackKey, extend
 
 SEGMENT_BYTES = 64 << 20
 MAX_RECORD_BYTES = 1 << 30
@@ -57,7 +57,7 @@ MAX_GROUP_ROWS = 200_000  # rows per insert group (beyond, the next group takes 
 class SendingQueue:
     def __init__(self, directory: str, max_bytes: int, batch_rows: int,
                  flush_interval: float,
-                 submit: Callable[[dict[str, Columns], int, set[int], str], Any],
+                 submit: Callable[[dict[str, Columns], int, set[StackKey], str], Any],
                  log: Any, metric: Callable[[str, int], None]) -> None:
         self.directory = directory
         self.max_bytes = max_bytes
@@ -186,7 +186,7 @@ class SendingQueue:
         finally:
             self._sync_task = None
 
-    async def put(self, tables: dict[str, Columns], rows: int, stacks: set[int],
+    async def put(self, tables: dict[str, Columns], rows: int, stacks: set[StackKey],
                   token: str | None) -> None:
         """Log a batch; return once it is on disk (then it will be inserted, even after a
         crash). ``Retryable`` when the queue is full or the disk refuses."""

@@ -76,7 +76,7 @@ class Record:
     seq: int
     tables: dict[str, Columns]
     rows: int
-    stacks: set[int]
+    stacks: set[tuple[str, int]]  # (tenant, stack id): rows.StackKey
     token: str | None  # a Kafka block's own token: the record is a group of its own
     size: int
     segment: int  # the number of the segment it is in

@@ -26,6 +26,7 @@ from pipeline.exporters.clickhouse.queue_log import (
     Segment,
     segments,
 )
+from pipeline.records import DEFAULT_TENANT
 
 
 @dataclass
@@ -74,11 +75,29 @@ def read_back(directory: str, log: Any) -> Replay:
     return out
 
 
+def _stack_keys(stacks: list[Any]) -> set[tuple[str, int]]:
+    """(tenant, stack id) pairs as logged; a bare id, as logged before tenants (migration
+    11), is the default tenant's."""
+    return {(DEFAULT_TENANT, int(s)) if isinstance(s, int) else (str(s[0]), int(s[1]))
+            for s in stacks}
+
+
+def _with_tenant(tables: dict[str, Any]) -> dict[str, Any]:
+    """Rows logged before tenants have no tenant column: the default tenant's, as migration
+    11 made the rows already stored."""
+    for cols in tables.values():
+        if cols and "tenant" not in cols:
+            n = len(next(iter(cols.values())))
+            cols["tenant"] = [DEFAULT_TENANT] * n
+    return tables
+
+
 def _apply(out: Replay, kind: int, p: Any, seg: Segment, size: int,
            logged: dict[int, Group], done: set[int]) -> None:
     if kind == DATA:
         seq, token, rows, stacks, tables = p
-        out.records[seq] = Record(seq, tables, rows, set(stacks), token, size, seg.number)
+        out.records[seq] = Record(seq, _with_tenant(tables), rows, _stack_keys(stacks), token,
+                                  size, seg.number)
         seg.pending += 1
         out.next_seq = max(out.next_seq, seq + 1)
     elif kind == GROUP:

@@ -1,34 +1,42 @@
-"""Records -> column lists per table (column-oriented inserts: no per-row tuples)."""
+"""Records -> column lists per table (column-oriented inserts: no per-row tuples).
+
+Every row carries its batch's tenant (``tenant``, first in every table's ordering key since
+migration 11): a batch is always of one tenant.
+"""
 
 from __future__ import annotations
 
 from pipeline.records import AttributionBatch, ProfileBatch, SpanBatch
 
 Columns = dict[str, list[object]]
+# a stack as profile_stacks keys it: the same id in two tenants is two rows
+StackKey = tuple[str, int]
 
 # pdata's SpanKind.String() / StatusCode.String(), as the Collector exporter writes them
 SPAN_KINDS = ["Unspecified", "Internal", "Server", "Client", "Producer", "Consumer"]
 STATUS_CODES = ["Unset", "Ok", "Error"]
 
 TRACES_COLUMNS = [
-    "Timestamp", "TraceId", "SpanId", "ParentSpanId", "TraceState", "SpanName", "SpanKind",
-    "ServiceName", "ResourceAttributes", "ScopeName", "ScopeVersion", "SpanAttributes",
-    "Duration", "StatusCode", "StatusMessage", "Events.Timestamp", "Events.Name",
-    "Events.Attributes", "Links.TraceId", "Links.SpanId", "Links.TraceState", "Links.Attributes",
-    "request",
+    "tenant", "Timestamp", "TraceId", "SpanId", "ParentSpanId", "TraceState", "SpanName",
+    "SpanKind", "ServiceName", "ResourceAttributes", "ScopeName", "ScopeVersion",
+    "SpanAttributes", "Duration", "StatusCode", "StatusMessage", "Events.Timestamp",
+    "Events.Name", "Events.Attributes", "Links.TraceId", "Links.SpanId", "Links.TraceState",
+    "Links.Attributes", "request",
 ]
-SAMPLES_COLUMNS = ["time", "service", "trace_id", "span_id", "stack_id", "measure",
+SAMPLES_COLUMNS = ["tenant", "time", "service", "trace_id", "span_id", "stack_id", "measure",
                    "sample_type", "unit", "value", "count", "thread_id", "thread_name",
                    "span_name", "pid", "host", "timed", "request"]
-STACKS_COLUMNS = ["stack_id", "functions", "files", "lines"]
-ATTRIBUTION_COLUMNS = ["trace_id", "span_id", "method", "source", "service", "name",
+STACKS_COLUMNS = ["tenant", "stack_id", "functions", "files", "lines"]
+ATTRIBUTION_COLUMNS = ["tenant", "trace_id", "span_id", "method", "source", "service", "name",
                        "parent_span_id", "start_time", "duration_ns", "span_known", "cpu_ns",
                        "wall_ns", "sample_count", "inclusive_cpu_ns"]
-FUNCTIONS_COLUMNS = ["trace_id", "span_id", "method", "function", "source", "self_cpu_ns",
-                     "self_wall_ns", "service", "operation", "minute", "span_known"]
-SPAN_STACKS_COLUMNS = ["trace_id", "span_id", "method", "stack_id", "source", "service",
-                       "operation", "minute", "span_known", "cpu_ns", "wall_ns"]
-UNATTRIBUTED_COLUMNS = ["service", "minute", "source", "cpu_ns", "wall_ns", "sample_count"]
+FUNCTIONS_COLUMNS = ["tenant", "trace_id", "span_id", "method", "function", "source",
+                     "self_cpu_ns", "self_wall_ns", "service", "operation", "minute",
+                     "span_known"]
+SPAN_STACKS_COLUMNS = ["tenant", "trace_id", "span_id", "method", "stack_id", "source",
+                       "service", "operation", "minute", "span_known", "cpu_ns", "wall_ns"]
+UNATTRIBUTED_COLUMNS = ["tenant", "service", "minute", "source", "cpu_ns", "wall_ns",
+                        "sample_count"]
 
 COLUMNS = {
     "otel_traces": TRACES_COLUMNS,
@@ -79,6 +87,7 @@ def _status(c: int) -> str:
 def traces(batch: SpanBatch) -> dict[str, Columns]:
     spans = batch.spans
     cols: Columns = {
+        "tenant": [batch.tenant] * len(spans),
         "Timestamp": [s.start_ns for s in spans],
         "TraceId": [s.trace_id.hex() for s in spans],
         "SpanId": [s.span_id.hex() for s in spans],
@@ -108,8 +117,11 @@ def traces(batch: SpanBatch) -> dict[str, Columns]:
 
 def profiles(batch: ProfileBatch, skip_stacks: set[int] | frozenset[int] = frozenset()
              ) -> dict[str, Columns]:
+    """The batch's samples, and those of its stacks not in ``skip_stacks`` (ids of this
+    batch's tenant already written)."""
     ss = batch.samples
     out: dict[str, Columns] = {"profile_samples": {
+        "tenant": [batch.tenant] * len(ss),
         "time": [s.time_ns for s in ss],
         "service": [s.service for s in ss],
         "trace_id": [s.trace_id.hex() for s in ss],
@@ -131,6 +143,7 @@ def profiles(batch: ProfileBatch, skip_stacks: set[int] | frozenset[int] = froze
     stacks = [st for sid, st in batch.stacks.items() if sid not in skip_stacks]
     if stacks:
         out["profile_stacks"] = {
+            "tenant": [batch.tenant] * len(stacks),
             "stack_id": [st.stack_id for st in stacks],
             "functions": [st.functions for st in stacks],
             "files": [st.files for st in stacks],
@@ -141,9 +154,11 @@ def profiles(batch: ProfileBatch, skip_stacks: set[int] | frozenset[int] = froze
 
 def attributions(batch: AttributionBatch) -> dict[str, Columns]:
     rows = batch.attributions
+    tenant = batch.tenant
     out: dict[str, Columns] = {}
     if rows:
         out["span_attribution"] = {
+            "tenant": [tenant] * len(rows),
             "trace_id": [a.trace_id.hex() for a in rows],
             "span_id": [a.span_id.hex() for a in rows],
             "method": [a.method for a in rows],
@@ -171,16 +186,16 @@ def attributions(batch: AttributionBatch) -> dict[str, Columns]:
             known = int(a.span_known)
             # one row per function / stack, its CPU and wall time (most spans have only one)
             if not sw:
-                fn.extend((tid, sid, method, name, source, v, 0, svc, op, minute, known)
+                fn.extend((tenant, tid, sid, method, name, source, v, 0, svc, op, minute, known)
                           for name, v in sc.items())
             else:
-                fn.extend((tid, sid, method, name, source, sc.get(name, 0), sw.get(name, 0),
+                fn.extend((tenant, tid, sid, method, name, source, sc.get(name, 0), sw.get(name, 0),
                            svc, op, minute, known) for name in sc.keys() | sw.keys())
             if not kw:
-                sk.extend((tid, sid, method, st, source, svc, op, minute, known, v, 0)
+                sk.extend((tenant, tid, sid, method, st, source, svc, op, minute, known, v, 0)
                           for st, v in kc.items())
             else:
-                sk.extend((tid, sid, method, st, source, svc, op, minute, known,
+                sk.extend((tenant, tid, sid, method, st, source, svc, op, minute, known,
                            kc.get(st, 0), kw.get(st, 0)) for st in kc.keys() | kw.keys())
         if fn:
             out["span_functions"] = _columns(FUNCTIONS_COLUMNS, fn)
@@ -189,6 +204,7 @@ def attributions(batch: AttributionBatch) -> dict[str, Columns]:
     if batch.unattributed:
         u = batch.unattributed
         out["unattributed_cpu"] = {
+            "tenant": [tenant] * len(u),
             "service": [x.service for x in u],
             "minute": [x.minute_ns // 1_000_000_000 for x in u],
             "source": [x.source for x in u],

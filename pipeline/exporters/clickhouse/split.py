@@ -62,7 +62,7 @@ class Splitter:
                 raise
             if row_count(cols) == 1:
                 bad.append(BadRow(table, quarantine.row_json(table, cols),
-                                  faults.reason(err)))
+                                  faults.reason(err), quarantine.tenant_of(cols)))
                 return
             for i, half in enumerate(quarantine.halves(cols)):
                 await self._insert_or_split(inserted, table, f"{tok}/{i}", half, bad)

@@ -68,7 +68,7 @@ from pipeline.errors import Retryable
 from pipeline.exporters.clickhouse import faults, quarantine
 from pipeline.exporters.clickhouse.backend import ClickHouseClient
 from pipeline.exporters.clickhouse.generation import Generation
-from pipeline.exporters.clickhouse.rows import COLUMNS, Columns
+from pipeline.exporters.clickhouse.rows import COLUMNS, Columns, StackKey
 from pipeline.exporters.clickhouse.split import Splitter
 
 # stacks first: a sample is never visible before the stack it references
@@ -107,7 +107,9 @@ class Writer:
         self._wake = asyncio.Event()
         self._closing = False
         self._task: asyncio.Task[None] | None = None
-        self._written_stacks: dict[int, float] = {}  # stack id -> when written (monotonic)
+        # (tenant, stack id) -> when written (monotonic): profile_stacks is per tenant, so
+        # a stack another tenant wrote is written again for this one
+        self._written_stacks: dict[StackKey, float] = {}
         self.stack_refresh = STACK_REFRESH_S
         # the failing state (circuit breaker): since when (monotonic), why, the next backoff
         # delay, and until when submissions are refused
@@ -144,20 +146,21 @@ class Writer:
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="clickhouse-writer")
 
-    def known_stacks(self, ids: Iterable[int]) -> set[int]:
-        """Which of these stacks need no row now: waiting in the current generation, or
-        written less than ``stack_refresh`` ago."""
+    def known_stacks(self, tenant: str, ids: Iterable[int]) -> set[int]:
+        """Which of these stacks of ``tenant`` need no row now: waiting in the current
+        generation, or written less than ``stack_refresh`` ago."""
         now = time.monotonic()
         waiting = self._gen.stacks if self._gen else set()
         written = self._written_stacks
         known = set()
         for sid in ids:
-            at = written.get(sid)
-            if sid in waiting or (at is not None and now - at < self.stack_refresh):
+            key = (tenant, sid)
+            at = written.get(key)
+            if key in waiting or (at is not None and now - at < self.stack_refresh):
                 known.add(sid)
         return known
 
-    async def submit(self, tables: dict[str, Columns], rows: int, stacks: set[int],
+    async def submit(self, tables: dict[str, Columns], rows: int, stacks: set[StackKey],
                      token: str | None = None) -> None:
         if self._closing:
             raise Retryable("clickhouse exporter is shutting down")
@@ -236,8 +239,8 @@ class Writer:
             if len(self._written_stacks) + len(gen.stacks) > WRITTEN_STACKS:
                 self._written_stacks.clear()  # a bounded cache; rewriting a stack is harmless
             now = time.monotonic()
-            for sid in gen.stacks:
-                self._written_stacks[sid] = now
+            for key in gen.stacks:
+                self._written_stacks[key] = now
             for token in gen.tokens:
                 self._inserted_tokens[token] = None
             while len(self._inserted_tokens) > INSERTED_TOKENS:

@@ -25,6 +25,7 @@ from pipeline.records import (
     Span,
     SpanBatch,
     Stack,
+    Unattributed,
 )
 from pipeline.registry import Context
 from tests.conftest import clickhouse
@@ -299,3 +300,94 @@ class TestSpanOnlyRows:
             "{t:String}", {"t": tid.hex()})
         assert got == [(12,)]
         await ex.shutdown()
+
+
+def _as(tenant: str, *batches: Any) -> list[Any]:
+    return [msgspec.structs.replace(b, tenant=tenant) for b in batches]
+
+
+class TestTenantColumns:
+    def test_every_row_carries_its_batch_tenant(self) -> None:
+        """Each table rows.py fills has its full column list, tenant first, and every row
+        the batch's tenant (the default tenant's when the batch names none)."""
+        from pipeline.exporters.clickhouse import rows
+
+        spans, profiles, attrs = _records()
+        attrs.attributions[0].stack_cpu_ns = {7: 10_000_000}
+        attrs.unattributed.append(Unattributed("api", 1_700_000_000_000_000_000, 5, 0, 1, 9))
+        for tenant, batches in (("acme", _as("acme", spans, profiles, attrs)),
+                                ("default", [spans, profiles, attrs])):
+            s, p, a = batches
+            tables = {**rows.traces(s), **rows.profiles(p), **rows.attributions(a)}
+            assert set(tables) == set(COLUMNS)
+            for table, cols in tables.items():
+                assert list(cols)[0] == "tenant" == COLUMNS[table][0], table
+                assert set(cols) == set(COLUMNS[table]), table
+                n = len(cols[COLUMNS[table][1]])
+                assert n and cols["tenant"] == [tenant] * n, table
+
+    async def test_a_stack_written_for_one_tenant_is_written_again_for_another(self) -> None:
+        """The writer remembers the stacks it wrote per (tenant, stack id): profile_stacks is
+        per tenant, so tenant b's stack 7 is written though tenant a's was."""
+        client = MemoryClient()
+        w = writer(client, batch_rows=1)
+        w.start()
+        _, profiles, _ = _records()
+        a, b = _as("a", profiles) + _as("b", profiles)
+        for batch in (a, b, a):
+            skip = w.known_stacks(batch.tenant, batch.stacks)
+            tables = rows_profiles(batch, skip)
+            await w.submit(tables, 1, {(batch.tenant, s) for s in batch.stacks
+                                       if s not in skip})
+        assert w.known_stacks("a", [7, 8]) == {7}
+        assert w.known_stacks("b", [7]) == {7}
+        assert w.known_stacks("c", [7]) == set()
+        got = client.columns("db.profile_stacks")
+        assert list(zip(got["tenant"], got["stack_id"], strict=True)) == [("a", 7), ("b", 7)]
+        await w.close()
+
+    async def test_two_tenants_same_ids_are_two_rows_each_on_the_engine(
+            self, tmp_path: Path) -> None:
+        """Two tenants' batches with the very same trace, span and stack ids: each tenant's
+        rows are stored, none collapses into the other's (FINAL), each under its tenant."""
+        cfg = Config(endpoint=f"chdb://{tmp_path}/ch", flush_interval=0.05, ttl=0)
+        ex = ClickHouseExporter(cfg, Context("clickhouse", ["traces"], data_dir=str(tmp_path)))
+        try:
+            await ex.start()
+            for tenant in ("a", "b"):
+                for batch in _as(tenant, *_records()):
+                    await ex.consume(batch)
+            for table in ("otel_traces", "profile_samples", "profile_stacks",
+                          "span_attribution", "span_functions", "span_index",
+                          "otel_traces_trace_id_ts"):
+                final = "" if table in ("profile_samples", "otel_traces_trace_id_ts") \
+                    else " FINAL"  # plain MergeTree: no FINAL
+                _, got = await ex.query(f"SELECT tenant, count() FROM spanprof.{table}{final} "
+                                        "GROUP BY tenant ORDER BY tenant")
+                assert got == [("a", 1), ("b", 1)], table
+            # the aggregates: one call of GET / per tenant, each with its own CPU
+            _, got = await ex.query("SELECT tenant, sum(cpu_ns), uniqExactMerge(calls) FROM "
+                                    "spanprof.op_minute GROUP BY tenant ORDER BY tenant")
+            assert got == [("a", 10_000_000, 1), ("b", 10_000_000, 1)]
+        finally:
+            await ex.shutdown()
+
+
+def rows_profiles(batch: ProfileBatch, skip: set[int]) -> dict[str, dict[str, list[object]]]:
+    from pipeline.exporters.clickhouse import rows
+
+    return rows.profiles(batch, skip)
+
+
+class TestQueueLoggedBeforeTenants:
+    def test_a_record_logged_before_tenants_is_the_default_tenants(self) -> None:
+        """A sending-queue record written before migration 11 (bare stack ids, rows with no
+        tenant column) is replayed as the default tenant's; a new one as logged."""
+        from pipeline.exporters.clickhouse.queue_replay import _stack_keys, _with_tenant
+
+        assert _stack_keys([7, 8]) == {("default", 7), ("default", 8)}
+        assert _stack_keys([["a", 7]]) == {("a", 7)}
+        old = _with_tenant({"profile_stacks": {"stack_id": [7, 8]}})
+        assert old["profile_stacks"]["tenant"] == ["default", "default"]
+        new = _with_tenant({"profile_stacks": {"tenant": ["a"], "stack_id": [7]}})
+        assert new["profile_stacks"]["tenant"] == ["a"]

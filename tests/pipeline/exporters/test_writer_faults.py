@@ -209,6 +209,7 @@ def poisoned() -> MemoryClient:
 def spans(names: list[str]) -> dict[str, dict[str, list[object]]]:
     cols: dict[str, list[object]] = {c: [0] * len(names) for c in COLUMNS["otel_traces"]}
     cols["SpanName"] = list(names)
+    cols["tenant"] = ["acme"] * len(names)
     return {"otel_traces": cols}
 
 
@@ -226,8 +227,8 @@ def writer(client: Any, metrics: dict[str, int] | None = None, **kw: Any) -> Wri
 class TestSplit:
     async def test_bad_rows_are_quarantined_and_the_rest_stored(self) -> None:
         """A block with two rows refused for their values: the eight others are stored,
-        the two are in the quarantine with the reason and the row as JSON, and the sender
-        is acknowledged."""
+        the two are in the quarantine with the reason, the row as JSON and its tenant, and
+        the sender is acknowledged."""
         client, metrics = poisoned(), {}
         w = writer(client, metrics)
         w.start()
@@ -238,9 +239,9 @@ class TestSplit:
         assert sorted(r[COLUMNS["otel_traces"].index("SpanName")] for r in stored) == \
             sorted(n for n in names if n != "poison")
         q = client.rows("db.quarantine")
-        assert [(r[0], r[1]) for r in q] == [("clickhouse", "otel_traces")] * 2
-        assert all("VALUE_IS_OUT_OF_RANGE_OF_DATA_TYPE" in r[2] and '"SpanName":"poison"'
-                   in r[3] for r in q)
+        assert [r[:3] for r in q] == [("acme", "clickhouse", "otel_traces")] * 2
+        assert all("VALUE_IS_OUT_OF_RANGE_OF_DATA_TYPE" in r[3] and '"SpanName":"poison"'
+                   in r[4] for r in q)
         assert metrics["quarantined_rows.otel_traces"] == 2
         assert metrics["sent_rows.otel_traces"] == 8
         assert w.failing_for() is None
