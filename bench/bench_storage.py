@@ -63,6 +63,7 @@ if str(ROOT) not in sys.path:
 
 from pipeline.admin import queries  # noqa: E402
 from pipeline.exporters.clickhouse.exporter import ClickHouseExporter, Config  # noqa: E402
+from pipeline.records import DEFAULT_TENANT  # noqa: E402
 from pipeline.registry import Context  # noqa: E402
 
 DB = "spanprof"
@@ -470,7 +471,8 @@ async def bench_queries(e: Engine) -> Measured:
     # -- top functions of one operation over one hour
     agg = await m.measure("spanprof", f"functions({SERVICE}, {OPERATION}, 1h): fn_minute + "
                           "op_minute [queries.functions]",
-                          lambda: queries.functions(e, DB, SERVICE, OPERATION, HOUR, limit=20))
+                          lambda: queries.functions(e, DB, SERVICE, OPERATION, HOUR, limit=20,
+                                                    tenant=DEFAULT_TENANT))
     want = [(f["name"], f["self_cpu_ns"]) for f in agg["functions"]]
     check(len(want) == 20, f"functions(): {len(want)} functions, expected 20")
     raw_fn = await m.measure("spanprof", "same from span_functions FINAL (per-span rows)",
@@ -531,7 +533,8 @@ async def bench_queries(e: Engine) -> Measured:
             "WHERE ps.trace_id = {tid:String} GROUP BY ps.span_id, st.leaf", {"tid": tid}):
         truth_fn.setdefault(sid, {})[fn] = int(c)
     tr = await m.measure("spanprof", "trace(): spans, attribution, top functions "
-                         "[queries.trace]", lambda: queries.trace(e, DB, tid))
+                         "[queries.trace]",
+                         lambda: queries.trace(e, DB, tid, tenant=DEFAULT_TENANT))
     check(tr["span_count"] == SPANS_PER_TRACE, f"trace(): {tr['span_count']} spans")
     for s in tr["spans"]:
         c, k = truth.get(s["span_id"], (0, 0))
@@ -596,7 +599,8 @@ async def check_totals(e: Engine, n: int) -> None:
     # the whole range through queries.functions(): a service's CPU is its samples' sum
     whole = (T0, T0 + WINDOW_S + 60)
     for svc in ("svc0", "svc3"):
-        f = await queries.functions(e, DB, svc, None, whole, limit=10_000)
+        f = await queries.functions(e, DB, svc, None, whole, limit=10_000,
+                                    tenant=DEFAULT_TENANT)
         want = int(e.rows(f"SELECT sum(value) FROM {DB}.profile_samples "
                           "WHERE service = {s:String}", {"s": svc})[0][0])
         check(f["cpu_ns"] == want and sum(x["self_cpu_ns"] for x in f["functions"]) == want,

@@ -2,6 +2,11 @@
 
 Kept apart from the HTTP layer so that the CLI, the API and tests share one definition of
 "a span's attribution" (the ``span_attribution_totals`` view: the sum of its delta rows).
+
+Every question is one tenant's (issue #17): each function takes ``tenant`` and every table
+or view it reads, subqueries and joins included, is filtered by ``tenant =
+{tenant:String}``, a bound parameter (tenant is first in every table's key, so this is also
+what narrows the read). A tenant with no rows, or a name no tenant has, gets nothing.
 """
 
 from __future__ import annotations
@@ -37,8 +42,11 @@ FROM ({_ATTRIBUTED.format(database=database, where=where)})
 {tail}"""
 
 
+# the filter on every table read: the query's tenant, a bound parameter
+TENANT = "tenant = {tenant:String}"
+
 # a span's rows over some methods, summed (a span has rows only where CPU or wall time
-# was joined to it; its name and duration are also in otel_traces)
+# was joined to it; its name and duration are also in otel_traces); one tenant's
 _ATTRIBUTED = """SELECT t.trace_id AS trace_id, t.span_id AS span_id, max(t.service) AS service_,
              max(t.name) AS name_, max(t.parent_span_id) AS parent_,
              max(t.start_time) AS start_, max(t.duration_ns) AS duration_,
@@ -46,16 +54,16 @@ _ATTRIBUTED = """SELECT t.trace_id AS trace_id, t.span_id AS span_id, max(t.serv
              sum(t.sample_count) AS samples_, max(t.span_known) AS known_,
              arrayStringConcat(arraySort(groupUniqArray(t.method)), ',') AS methods_
       FROM {database}.span_attribution_totals AS t
-      WHERE {where}
+      WHERE t.tenant = {{tenant:String}} AND ({where})
       GROUP BY t.trace_id, t.span_id"""
 
 # the spans of otel_traces, one row each (a span delivered twice is stored twice until
-# merged)
+# merged); one tenant's
 _STORED = """SELECT TraceId AS trace_id, SpanId AS span_id, any(ServiceName) AS service_,
              any(SpanName) AS name_, any(ParentSpanId) AS parent_, min(Timestamp) AS start_,
              max(Duration) AS duration_, 1 AS found_
       FROM {database}.otel_traces
-      WHERE {where}
+      WHERE tenant = {{tenant:String}} AND ({where})
       GROUP BY TraceId, SpanId"""
 
 _TOP_COLUMNS = """trace_id, span_id, service, name, parent_span_id,
@@ -112,13 +120,14 @@ def _dicts(cols: list[str], rows: list[tuple[Any, ...]]) -> list[dict[str, Any]]
 
 
 async def top_spans(db: Queryable, database: str, order: str = "cpu", limit: int = 20,
-                    service: str | None = None, method: str = "exact"
+                    service: str | None = None, method: str = "exact", *, tenant: str
                     ) -> list[dict[str, Any]]:
+    """``tenant``'s spans with the most CPU (or inclusive CPU, duration, off-CPU time)."""
     order_col = {"cpu": "cpu_ns", "inclusive": "inclusive_cpu_ns", "duration": "duration_ns",
                  "off_cpu": "off_cpu_ns"}[order]
     methods = methods_of(method)
     where = "t.method IN {methods:Array(String)}"
-    params: dict[str, Any] = {"methods": list(methods), "limit": limit}
+    params: dict[str, Any] = {"methods": list(methods), "limit": limit, "tenant": tenant}
     tail = (f"ORDER BY {order_col} DESC, trace_id, span_id "
             "LIMIT {limit:UInt32}")
     if service:
@@ -127,20 +136,21 @@ async def top_spans(db: Queryable, database: str, order: str = "cpu", limit: int
                    tail)
     cols, rows = await db.query(sql, params)
     spans = _dicts(cols, rows)
-    await _add_top_functions(db, database, spans, methods)
+    await _add_top_functions(db, database, spans, methods, tenant)
     return spans
 
 
-async def trace(db: Queryable, database: str, trace_id: str, method: str = "exact"
-                ) -> dict[str, Any]:
-    """Every span of one trace (from ``otel_traces``) with its attribution, if any; the
-    approximate methods' figures, when there are some, under ``approximate``."""
+async def trace(db: Queryable, database: str, trace_id: str, method: str = "exact", *,
+                tenant: str) -> dict[str, Any]:
+    """Every span of one trace of ``tenant`` (from ``otel_traces``) with its attribution, if
+    any; the approximate methods' figures, when there are some, under ``approximate``."""
     methods = methods_of(method)
     cols, rows = await db.query(
         f"SELECT SpanId AS span_id, ParentSpanId AS parent_span_id, ServiceName AS service, "
         f"SpanName AS name, toUnixTimestamp64Nano(Timestamp) AS start_time_unix_nano, "
         f"Duration AS duration_ns FROM {database}.otel_traces "
-        "WHERE TraceId = {tid:String} ORDER BY Timestamp, SpanId", {"tid": trace_id})
+        f"WHERE {TENANT} AND TraceId = {{tid:String}} ORDER BY Timestamp, SpanId",
+        {"tid": trace_id, "tenant": tenant})
     spans: dict[str, dict[str, Any]] = {}
     for d in _dicts(cols, rows):
         spans.setdefault(d["span_id"], {
@@ -149,7 +159,7 @@ async def trace(db: Queryable, database: str, trace_id: str, method: str = "exac
             "method": ""})
     cols, rows = await db.query(_spans_sql(
         database, "t.trace_id = {tid:String} AND t.method IN {methods:Array(String)}"),
-        {"tid": trace_id, "methods": list(methods)})
+        {"tid": trace_id, "methods": list(methods), "tenant": tenant})
     for a in _dicts(cols, rows):
         s = spans.get(a["span_id"])
         if s is None:  # CPU for a span whose span record never arrived
@@ -162,22 +172,23 @@ async def trace(db: Queryable, database: str, trace_id: str, method: str = "exac
     if approx:
         _, rows = await db.query(
             f"SELECT span_id, method, sum(cpu_ns), sum(inclusive_cpu_ns), sum(sample_count) "
-            f"FROM {database}.span_attribution_totals WHERE trace_id = {{tid:String}} AND "
-            "method IN {methods:Array(String)} GROUP BY span_id, method ORDER BY span_id, method",
-            {"tid": trace_id, "methods": approx})
+            f"FROM {database}.span_attribution_totals WHERE {TENANT} AND "
+            "trace_id = {tid:String} AND method IN {methods:Array(String)} "
+            "GROUP BY span_id, method ORDER BY span_id, method",
+            {"tid": trace_id, "methods": approx, "tenant": tenant})
         for sid, m, cpu, incl, n in rows:
             if sid in spans:
                 spans[sid].setdefault("approximate", {})[m] = {
                     "cpu_ns": cpu, "inclusive_cpu_ns": incl, "sample_count": n}
     out = list(spans.values())
-    await _add_top_functions(db, database, out, methods)
+    await _add_top_functions(db, database, out, methods, tenant)
     # a trace's CPU: self CPU adds up across spans without counting anything twice
     total_cpu = sum(s["cpu_ns"] for s in out)
     return {"trace_id": trace_id, "span_count": len(out), "cpu_ns": total_cpu, "spans": out}
 
 
 async def _add_top_functions(db: Queryable, database: str, spans: list[dict[str, Any]],
-                             methods: tuple[str, ...]) -> None:
+                             methods: tuple[str, ...], tenant: str) -> None:
     for s in spans:
         s["top_functions"] = []
     if not spans:
@@ -186,12 +197,12 @@ async def _add_top_functions(db: Queryable, database: str, spans: list[dict[str,
     cols, rows = await db.query(
         f"SELECT trace_id, span_id, function, sum(self_cpu_ns) AS self_ns, "
         f"sum(self_wall_ns) AS self_wall_ns FROM {database}.span_functions FINAL "
-        "WHERE (trace_id IN {tids:Array(String)} OR trace_id = '') "
+        f"WHERE {TENANT} AND (trace_id IN {{tids:Array(String)}} OR trace_id = '') "
         "AND span_id IN {sids:Array(String)} "
         "AND method IN {methods:Array(String)} "
         "GROUP BY trace_id, span_id, function ORDER BY self_ns DESC, function",
         {"tids": sorted({k[0] for k in by_key}), "sids": sorted({k[1] for k in by_key}),
-         "methods": list(methods)})
+         "methods": list(methods), "tenant": tenant})
     sums: dict[tuple[str, str], dict[str, list[int]]] = {}
     by_span = {k[1]: k for k in by_key}
     for tid, sid, fn, self_ns, self_wall in rows:
@@ -252,10 +263,11 @@ def _instant(text: str, now_s: float, name: str) -> int:
     return int(t)
 
 
-def _op_where(service: str, operation: str | None, rng: tuple[int, int],
+def _op_where(tenant: str, service: str, operation: str | None, rng: tuple[int, int],
               methods: tuple[str, ...], params: dict[str, Any]) -> str:
-    params.update({"service": service, "lo": rng[0], "hi": rng[1], "methods": list(methods)})
-    where = ["service = {service:String}", "minute >= toDateTime({lo:UInt32})",
+    params.update({"tenant": tenant, "service": service, "lo": rng[0], "hi": rng[1],
+                   "methods": list(methods)})
+    where = [TENANT, "service = {service:String}", "minute >= toDateTime({lo:UInt32})",
              "minute < toDateTime({hi:UInt32})", "method IN {methods:Array(String)}"]
     if operation:
         where.append("operation = {operation:String}")
@@ -264,13 +276,13 @@ def _op_where(service: str, operation: str | None, rng: tuple[int, int],
 
 
 async def functions(db: Queryable, database: str, service: str, operation: str | None,
-                    rng: tuple[int, int], limit: int = 20, method: str = "exact"
-                    ) -> dict[str, Any]:
-    """Functions by self CPU in a service (or one operation) over a range (fn_minute), with
-    the operation totals (op_minute) they are a share of."""
+                    rng: tuple[int, int], limit: int = 20, method: str = "exact", *,
+                    tenant: str) -> dict[str, Any]:
+    """Functions by self CPU in a service (or one operation) of ``tenant`` over a range
+    (fn_minute), with the operation totals (op_minute) they are a share of."""
     methods = methods_of(method)
     params: dict[str, Any] = {"limit": limit}
-    where = _op_where(service, operation, rng, methods, params)
+    where = _op_where(tenant, service, operation, rng, methods, params)
     _, rows = await db.query(
         f"SELECT function, sum(self_cpu_ns) AS cpu, sum(self_wall_ns) AS wall "
         f"FROM {database}.fn_minute WHERE {where} GROUP BY function "
@@ -289,13 +301,14 @@ async def functions(db: Queryable, database: str, service: str, operation: str |
 
 async def diff(db: Queryable, database: str, service: str, operation: str | None,
                before: tuple[int, int], after: tuple[int, int], limit: int = 20,
-               method: str = "exact") -> dict[str, Any]:
-    """Which functions got more expensive: self CPU per call of the operation(s) in each
-    range (per second of range when a range has no calls), sorted by the increase."""
+               method: str = "exact", *, tenant: str) -> dict[str, Any]:
+    """Which functions of ``tenant`` got more expensive: self CPU per call of the
+    operation(s) in each range (per second of range when a range has no calls), sorted by
+    the increase."""
     sides = []
     for rng in (before, after):
         got = await functions(db, database, service, operation, rng, limit=10_000,
-                              method=method)
+                              method=method, tenant=tenant)
         per = got["calls"] or max(1, rng[1] - rng[0])
         sides.append(({f["name"]: f["self_cpu_ns"] / per for f in got["functions"]}, got))
     (b, bgot), (a, agot) = sides
@@ -314,26 +327,29 @@ async def diff(db: Queryable, database: str, service: str, operation: str | None
             "functions": out[:limit]}
 
 
-async def _frames(db: Queryable, database: str, by_stack: dict[int, int]
+async def _frames(db: Queryable, database: str, by_stack: dict[int, int], tenant: str
                   ) -> list[dict[str, Any]]:
+    """The stacks' frames, root first, from ``tenant``'s own stacks (profile_stacks is per
+    tenant: the same id in another tenant is another stack)."""
     if not by_stack:
         return []
     _, rows = await db.query(
         f"SELECT stack_id, any(functions) FROM {database}.profile_stacks "
-        "WHERE stack_id IN {ids:Array(UInt64)} GROUP BY stack_id", {"ids": sorted(by_stack)})
+        f"WHERE {TENANT} AND stack_id IN {{ids:Array(UInt64)}} GROUP BY stack_id",
+        {"ids": sorted(by_stack), "tenant": tenant})
     names = {int(sid): list(fns) for sid, fns in rows}
     return [{"frames": list(reversed(names.get(sid, ["[unknown stack]"]))), "cpu_ns": v}
             for sid, v in sorted(by_stack.items()) if v > 0]
 
 
 async def span_stacks(db: Queryable, database: str, trace_id: str, span_id: str,
-                      method: str = "exact") -> dict[str, Any]:
+                      method: str = "exact", *, tenant: str) -> dict[str, Any]:
     """A span's stacks, root frame first, with its descendants in the same service (the
-    span's inclusive flame graph)."""
+    span's inclusive flame graph); ``tenant``'s span."""
     methods = methods_of(method)
     _, rows = await db.query(
         f"SELECT SpanId, ParentSpanId, ServiceName FROM {database}.otel_traces "
-        "WHERE TraceId = {tid:String}", {"tid": trace_id})
+        f"WHERE {TENANT} AND TraceId = {{tid:String}}", {"tid": trace_id, "tenant": tenant})
     children: dict[str, list[str]] = {}
     service = {s: svc for s, _, svc in rows}
     for s_, p_, _ in rows:
@@ -346,22 +362,25 @@ async def span_stacks(db: Queryable, database: str, trace_id: str, span_id: str,
                 todo.append(c)
     _, rows = await db.query(
         f"SELECT stack_id, sum(cpu_ns) FROM {database}.span_stacks FINAL "
-        "WHERE trace_id IN ({tid:String}, '') AND span_id IN {sids:Array(String)} "
+        f"WHERE {TENANT} AND trace_id IN ({{tid:String}}, '') "
+        "AND span_id IN {sids:Array(String)} "
         "AND method IN {methods:Array(String)} GROUP BY stack_id",
-        {"tid": trace_id, "sids": sorted(wanted), "methods": list(methods)})
-    stacks = await _frames(db, database, {int(s): int(v) for s, v in rows})
+        {"tid": trace_id, "sids": sorted(wanted), "methods": list(methods), "tenant": tenant})
+    stacks = await _frames(db, database, {int(s): int(v) for s, v in rows}, tenant)
     return {"trace_id": trace_id, "span_id": span_id, "spans": len(wanted),
             "cpu_ns": sum(s["cpu_ns"] for s in stacks), "stacks": stacks}
 
 
 async def operation_stacks(db: Queryable, database: str, service: str, operation: str | None,
-                           rng: tuple[int, int], method: str = "exact") -> dict[str, Any]:
-    """Stacks of a service (or one operation) over a range, root frame first."""
+                           rng: tuple[int, int], method: str = "exact", *, tenant: str
+                           ) -> dict[str, Any]:
+    """Stacks of a service (or one operation) of ``tenant`` over a range, root frame
+    first."""
     params: dict[str, Any] = {}
-    where = _op_where(service, operation, rng, methods_of(method), params)
+    where = _op_where(tenant, service, operation, rng, methods_of(method), params)
     _, rows = await db.query(
         f"SELECT stack_id, sum(cpu_ns) FROM {database}.op_stacks_minute WHERE {where} "
         "GROUP BY stack_id", params)
-    stacks = await _frames(db, database, {int(s): int(v) for s, v in rows})
+    stacks = await _frames(db, database, {int(s): int(v) for s, v in rows}, tenant)
     return {"service": service, "operation": operation, "from": rng[0], "to": rng[1],
             "cpu_ns": sum(s["cpu_ns"] for s in stacks), "stacks": stacks}

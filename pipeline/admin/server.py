@@ -13,6 +13,10 @@ the running pipeline, which asks ClickHouse on its own connection::
 
 ``method``: ``exact`` (link + link+time, the default), ``all``, or a comma-separated list.
 
+Each answer is one tenant's (``_tenant``): the one the request's token maps to when the
+listener checks tokens (``request["tenant"]``, set by pipeline/receivers/authn.py), else
+the default tenant.
+
 Every parameter is checked before a query runs, and a bad one is a 400 naming it: ranges
 outside 1970..2106 (ClickHouse ``DateTime``) or reversed, ``limit`` outside 1..10000,
 ids that are not 32 / 16 hex characters, service and operation names with control
@@ -41,6 +45,7 @@ from pipeline.log import redact
 from pipeline.looplag import LoopLag
 from pipeline.receivers.authn import TENANT
 from pipeline.receivers.http import ServerLimits, serve
+from pipeline.records import DEFAULT_TENANT
 
 MAX_LIMIT = 10_000
 MAX_TEXT = 1024  # characters in a service or operation name
@@ -155,7 +160,7 @@ class AdminServer:
             method, limit, service = _method(q), _limit(q), _text(q, "service")
             return {"spans": await queries.top_spans(
                 self._db(), self._database(), order=order, limit=limit, service=service,
-                method=method)}
+                method=method, tenant=_tenant(request))}
         return await self._answer(request, work)
 
     async def _answer(self, request: web.Request, work: Any) -> web.Response:
@@ -174,7 +179,8 @@ class AdminServer:
             service, operation = str(_text(q, "service", True)), _text(q, "operation")
             rng, limit, method = _range(q, "since", now, "1h"), _limit(q), _method(q)
             return await queries.functions(self._db(), self._database(), service, operation,
-                                           rng, limit=limit, method=method)
+                                           rng, limit=limit, method=method,
+                                           tenant=_tenant(request))
         return await self._answer(request, work)
 
     async def diff(self, request: web.Request) -> web.Response:
@@ -183,7 +189,8 @@ class AdminServer:
             before, after = _range(q, "before", now), _range(q, "after", now)
             limit, method = _limit(q), _method(q)
             return await queries.diff(self._db(), self._database(), service, operation,
-                                      before, after, limit=limit, method=method)
+                                      before, after, limit=limit, method=method,
+                                      tenant=_tenant(request))
         return await self._answer(request, work)
 
     async def stacks(self, request: web.Request) -> web.Response:
@@ -193,17 +200,19 @@ class AdminServer:
             if tid or sid:
                 tid, sid = _hex_id(tid, "trace_id", 32), _hex_id(sid, "span_id", 16)
                 return await queries.span_stacks(self._db(), self._database(), tid, sid,
-                                                 method=method)
+                                                 method=method, tenant=_tenant(request))
             service, operation = str(_text(q, "service", True)), _text(q, "operation")
             rng = _range(q, "since", now, "1h")
             return await queries.operation_stacks(self._db(), self._database(), service,
-                                                  operation, rng, method=method)
+                                                  operation, rng, method=method,
+                                                  tenant=_tenant(request))
         return await self._answer(request, work)
 
     async def trace(self, request: web.Request) -> web.Response:
         async def work(q: Any, now: float) -> Any:
             tid = _hex_id(request.match_info["trace_id"], "trace_id", 32)
-            result = await queries.trace(self._db(), self._database(), tid, method=_method(q))
+            result = await queries.trace(self._db(), self._database(), tid, method=_method(q),
+                                         tenant=_tenant(request))
             if not result["spans"]:
                 raise _NotFound(f"trace {tid} not found")
             return result
@@ -211,6 +220,13 @@ class AdminServer:
             return await self._answer(request, work)
         except _NotFound as err:
             return _error(404, str(err))
+
+
+def _tenant(request: web.Request) -> str:
+    """Whose data a request may see: the tenant its token maps to (the token middleware
+    keeps it on the request), else the default tenant (a listener without tokens)."""
+    tenant = request.get("tenant")
+    return str(tenant) if tenant else DEFAULT_TENANT
 
 
 def _limit(q: Any) -> int:
