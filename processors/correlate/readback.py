@@ -10,6 +10,12 @@ A stored sample says whether it carried its own instant (``timed``, from migrati
 so the replay places it as the live correlator did. Beyond ``MAX_TRACES`` the newest
 traces are read; a service beyond ``MAX_SERVICE_SPANS`` or ``MAX_SERVICE_SAMPLES`` is not
 read at all (``load_unlabelled`` returns None).
+
+Everything is read per tenant (issue #17): the traces touched are (tenant, trace) pairs,
+the services with unlabelled samples (tenant, service), and every query of one of them
+filters every table by that tenant, so that a sample is only ever replayed with spans of
+its own tenant, and compared with its own tenant's stored rows, even where two tenants
+use the same trace and span ids.
 """
 
 from __future__ import annotations
@@ -30,32 +36,33 @@ async def _rows(store: Store, sql: str, **params: Any) -> list[tuple[Any, ...]]:
     return (await store.query(sql.format(db=store.database), params))[1]
 
 
-async def affected(store: Store, since: float) -> tuple[list[str], int]:
-    """Trace ids (hex) with a raw row stored since ``since``, newest first, at most
-    ``MAX_TRACES``; how many more there were."""
+async def affected(store: Store, since: float) -> tuple[list[tuple[str, str]], int]:
+    """(tenant, trace id in hex) of the traces with a raw row stored since ``since``,
+    newest first, at most ``MAX_TRACES``; how many more there were."""
     w = {"w": int(since)}
     got = await _rows(store, """
-SELECT t, max(at) AS last FROM (
-    SELECT TraceId AS t, max(ingested_at) AS at FROM {db}.otel_traces
-    WHERE ingested_at >= toDateTime({{w:UInt32}}) GROUP BY t
+SELECT tenant, t, max(at) AS last FROM (
+    SELECT tenant, TraceId AS t, max(ingested_at) AS at FROM {db}.otel_traces
+    WHERE ingested_at >= toDateTime({{w:UInt32}}) GROUP BY tenant, t
     UNION ALL
-    SELECT trace_id AS t, max(ingested_at) AS at FROM {db}.profile_samples
+    SELECT tenant, trace_id AS t, max(ingested_at) AS at FROM {db}.profile_samples
     WHERE ingested_at >= toDateTime({{w:UInt32}}) AND trace_id != '' AND span_id != ''
-    GROUP BY t
+    GROUP BY tenant, t
     UNION ALL
-    SELECT trace_id AS t, max(time) AS at FROM {db}.span_index
-    WHERE span_id GLOBAL IN (SELECT span_id FROM {db}.profile_samples
-                             WHERE ingested_at >= toDateTime({{w:UInt32}})
-                               AND trace_id = '' AND span_id != '')
-    GROUP BY t
-) WHERE t != '' GROUP BY t ORDER BY last DESC, t""", **w)
-    traces = [str(r[0]) for r in got]
+    SELECT tenant, trace_id AS t, max(time) AS at FROM {db}.span_index
+    WHERE (tenant, span_id) GLOBAL IN (SELECT tenant, span_id FROM {db}.profile_samples
+                                       WHERE ingested_at >= toDateTime({{w:UInt32}})
+                                         AND trace_id = '' AND span_id != '')
+    GROUP BY tenant, t
+) WHERE t != '' GROUP BY tenant, t ORDER BY last DESC, tenant, t""", **w)
+    traces = [(str(r[0]), str(r[1])) for r in got]
     return traces[:MAX_TRACES], max(0, len(traces) - MAX_TRACES)
 
 
-async def load(store: Store, traces: list[str]
+async def load(store: Store, tenant: str, traces: list[str]
                ) -> tuple[list[Span], list[Sample], dict[int, Stack], Stored]:
-    """Every span and labelled sample of these traces, and what is stored for them."""
+    """Every span and labelled sample of these traces of ``tenant``, and what is stored
+    for them."""
     spans = [Span(bytes.fromhex(t), bytes.fromhex(s), bytes.fromhex(p), name, 0, svc,
                   int(start), int(start) + int(dur),
                   resource_attributes={k: v for k, v in (("process.pid", pid),
@@ -65,37 +72,41 @@ async def load(store: Store, traces: list[str]
 SELECT TraceId, SpanId, ParentSpanId, SpanName, ServiceName, toUnixTimestamp64Nano(Timestamp),
        Duration, ResourceAttributes['process.pid'], ResourceAttributes['host.name'],
        SpanAttributes['thread.id']
-FROM {db}.otel_traces WHERE TraceId IN {{t:Array(String)}}""", t=traces)]
+FROM {db}.otel_traces WHERE tenant = {{tenant:String}} AND TraceId IN {{t:Array(String)}}""",
+                                  tenant=tenant, t=traces)]
     trace_of = {s.span_id.hex(): s.trace_id for s in spans}
     ids = sorted(trace_of)
-    where = ("(trace_id IN {{t:Array(String)}} OR (trace_id = '' AND span_id IN "
-             "{{s:Array(String)}})) AND span_id != ''")
+    where = ("tenant = {{tenant:String}} AND (trace_id IN {{t:Array(String)}} OR "
+             "(trace_id = '' AND span_id IN {{s:Array(String)}})) AND span_id != ''")
     samples = []
     for (t, s, svc, tns, stack, measure, value, count, stype, unit, thread, tname, sname,
          pid, host, timed) in await _rows(store, f"""
 SELECT trace_id, span_id, service, toUnixTimestamp64Nano(time), stack_id, measure, value,
        count, sample_type, unit, thread_id, thread_name, span_name, pid, host, timed
-FROM {{db}}.profile_samples WHERE {where} AND measure IN ('cpu', 'wall')""", t=traces, s=ids):
+FROM {{db}}.profile_samples WHERE {where} AND measure IN ('cpu', 'wall')""",
+                       tenant=tenant, t=traces, s=ids):
         tid, sid = bytes.fromhex(t), bytes.fromhex(s)
         samples.append(Sample(tid, sid, svc, int(tns), int(stack), measure, int(value),
                               int(count), stype, unit, int(thread), tname, sname, int(pid),
                               host, bool(timed)))
-    stacks = await _stacks(store, samples)
+    stacks = await _stacks(store, tenant, samples)
     stored = Stored()
     await _stored(store, stored,
                   where + " AND method IN ('link', 'link+time', 'link+share')", trace_of,
-                  {"t": traces, "s": ids})
+                  {"tenant": tenant, "t": traces, "s": ids})
     return spans, samples, stacks, stored
 
 
-async def _stacks(store: Store, samples: list[Sample]) -> dict[int, Stack]:
-    """The leaf function of each stack of ``samples`` (all a replay needs of them)."""
+async def _stacks(store: Store, tenant: str, samples: list[Sample]) -> dict[int, Stack]:
+    """The leaf function of each stack of ``samples`` (all a replay needs of them), from
+    ``tenant``'s stacks."""
     stacks: dict[int, Stack] = {}
     wanted = sorted({x.stack_id for x in samples})
     for i in range(0, len(wanted), 10_000):
         for sid_, leaf in await _rows(store, """
 SELECT stack_id, any(leaf) FROM {db}.profile_stacks
-WHERE stack_id IN {{ids:Array(UInt64)}} GROUP BY stack_id""", ids=wanted[i:i + 10_000]):
+WHERE tenant = {{tenant:String}} AND stack_id IN {{ids:Array(UInt64)}} GROUP BY stack_id""",
+                                      tenant=tenant, ids=wanted[i:i + 10_000]):
             stacks[int(sid_)] = Stack(int(sid_), [leaf] if leaf else [], [], [])
     return stacks
 
@@ -103,7 +114,10 @@ WHERE stack_id IN {{ids:Array(UInt64)}} GROUP BY stack_id""", ids=wanted[i:i + 1
 async def _stored(store: Store, stored: Stored, where: str, trace_of: dict[str, bytes],
                   params: dict[str, Any]) -> None:
     """Add to ``stored`` the attribution, function and stack totals of the rows that
-    ``where`` selects (span-only rows under their span's trace, from ``trace_of``)."""
+    ``where`` selects (span-only rows under their span's trace, from ``trace_of``);
+    ``where`` filters by tenant (its parameter in ``params``)."""
+    if not where.startswith("tenant = {{tenant:String}} AND ") or "tenant" not in params:
+        raise ValueError("readback._stored: where must filter by tenant first")
 
     def key(t: str, s: str, m: str) -> Key3:
         return (bytes.fromhex(t) or trace_of.get(s, b""), bytes.fromhex(s), m)
@@ -133,24 +147,25 @@ GROUP BY trace_id, span_id, method, stack_id""", **params):
         stored.stacks[sk] = (c0 + int(c), w0 + int(w))
 
 
-async def unlabelled_services(store: Store, since: float) -> list[tuple[str, int, int]]:
+async def unlabelled_services(store: Store, since: float
+                              ) -> list[tuple[str, str, int, int]]:
     """Services with unlabelled samples stored since ``since``, with the whole minutes
-    around those samples' times: (service, first minute, end), nanoseconds."""
+    around those samples' times: (tenant, service, first minute, end), nanoseconds."""
     got = await _rows(store, """
-SELECT service, toUnixTimestamp64Nano(min(time)), toUnixTimestamp64Nano(max(time))
+SELECT tenant, service, toUnixTimestamp64Nano(min(time)), toUnixTimestamp64Nano(max(time))
 FROM {db}.profile_samples WHERE ingested_at >= toDateTime({{w:UInt32}})
-  AND span_id = '' AND measure IN ('cpu', 'wall') GROUP BY service ORDER BY service""",
-                      w=int(since))
-    return [(str(svc), int(lo) - int(lo) % MINUTE_NS, int(hi) - int(hi) % MINUTE_NS + MINUTE_NS)
-            for svc, lo, hi in got]
+  AND span_id = '' AND measure IN ('cpu', 'wall') GROUP BY tenant, service
+ORDER BY tenant, service""", w=int(since))
+    return [(str(tenant), str(svc), int(lo) - int(lo) % MINUTE_NS,
+             int(hi) - int(hi) % MINUTE_NS + MINUTE_NS) for tenant, svc, lo, hi in got]
 
 
-async def load_unlabelled(store: Store, service: str, lo: int, hi: int
+async def load_unlabelled(store: Store, tenant: str, service: str, lo: int, hi: int
                           ) -> tuple[list[Span], list[Sample], dict[int, Stack], Stored] | None:
-    """The spans of ``service`` open in [lo, hi), its unlabelled samples taken then, and
-    what is stored for them (approximate methods, unattributed minutes); None beyond the
-    limits."""
-    p = {"svc": service, "lo": lo, "hi": hi}
+    """The spans of ``tenant``'s ``service`` open in [lo, hi), its unlabelled samples taken
+    then, and what is stored for them (approximate methods, unattributed minutes); None
+    beyond the limits."""
+    p = {"tenant": tenant, "svc": service, "lo": lo, "hi": hi}
     spans = [Span(bytes.fromhex(t), bytes.fromhex(s), bytes.fromhex(par), name, 0, service,
                   int(start), int(start) + int(dur),
                   resource_attributes={k: v for k, v in (("process.pid", pid),
@@ -160,7 +175,7 @@ async def load_unlabelled(store: Store, service: str, lo: int, hi: int
 SELECT TraceId, SpanId, ParentSpanId, SpanName, toUnixTimestamp64Nano(Timestamp), Duration,
        ResourceAttributes['process.pid'], ResourceAttributes['host.name'],
        SpanAttributes['thread.id']
-FROM {db}.otel_traces WHERE ServiceName = {{svc:String}}
+FROM {db}.otel_traces WHERE tenant = {{tenant:String}} AND ServiceName = {{svc:String}}
   AND Timestamp < fromUnixTimestamp64Nano({{hi:Int64}})
   AND toUnixTimestamp64Nano(Timestamp) + Duration > {{lo:Int64}}
 LIMIT 1 BY TraceId, SpanId LIMIT {{n:UInt64}}""", n=MAX_SERVICE_SPANS + 1, **p)]
@@ -172,25 +187,28 @@ LIMIT 1 BY TraceId, SpanId LIMIT {{n:UInt64}}""", n=MAX_SERVICE_SPANS + 1, **p)]
                host, timed in await _rows(store, """
 SELECT toUnixTimestamp64Nano(time), stack_id, measure, value, count, sample_type, unit,
        thread_id, thread_name, span_name, pid, host, timed
-FROM {db}.profile_samples WHERE service = {{svc:String}} AND span_id = ''
+FROM {db}.profile_samples WHERE tenant = {{tenant:String}} AND service = {{svc:String}}
+  AND span_id = ''
   AND measure IN ('cpu', 'wall') AND time >= fromUnixTimestamp64Nano({{lo:Int64}})
   AND time < fromUnixTimestamp64Nano({{hi:Int64}})
 LIMIT {{n:UInt64}}""", n=MAX_SERVICE_SAMPLES + 1, **p)]
     if len(samples) > MAX_SERVICE_SAMPLES:
         return None
-    stacks = await _stacks(store, samples)
+    stacks = await _stacks(store, tenant, samples)
     stored = Stored()
     keys = sorted({(s.trace_id.hex(), s.span_id.hex()) for s in spans})
     for i in range(0, len(keys), 10_000):
-        chunk = {"t": [k[0] for k in keys[i:i + 10_000]], "s": [k[1] for k in keys[i:i + 10_000]]}
-        where = ("(trace_id, span_id) IN arrayZip({{t:Array(String)}}, {{s:Array(String)}}) "
+        chunk = {"tenant": tenant, "t": [k[0] for k in keys[i:i + 10_000]],
+                 "s": [k[1] for k in keys[i:i + 10_000]]}
+        where = ("tenant = {{tenant:String}} AND (trace_id, span_id) IN "
+                 "arrayZip({{t:Array(String)}}, {{s:Array(String)}}) "
                  "AND method IN ('thread', 'window')")
         await _stored(store, stored, where, {}, chunk)
     for minute, cpu, wall, count in await _rows(store, """
 SELECT toUnixTimestamp(minute), sum(cpu_ns), sum(wall_ns), sum(sample_count)
-FROM {db}.unattributed_cpu FINAL WHERE service = {{svc:String}}
+FROM {db}.unattributed_cpu FINAL WHERE tenant = {{tenant:String}} AND service = {{svc:String}}
   AND minute >= toDateTime({{lo_s:UInt32}}) AND minute < toDateTime({{hi_s:UInt32}})
-GROUP BY minute""", svc=service, lo_s=lo // 10**9, hi_s=hi // 10**9):
+GROUP BY minute""", tenant=tenant, svc=service, lo_s=lo // 10**9, hi_s=hi // 10**9):
         key = (b"", (int(minute) * 10**9).to_bytes(8, "big"), UNATTRIBUTED)
         stored.rows[key] = [int(cpu), int(wall), int(count), 0, 0]
     return spans, samples, stacks, stored

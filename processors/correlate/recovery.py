@@ -27,6 +27,11 @@ twice. A service with too many spans or unlabelled samples in the window (``read
 skipped and counted in the log line, as are samples labelled with a span id alone whose
 span was never stored.
 
+Recovery is per tenant (issue #17): a trace is a (tenant, trace id) pair and a service a
+(tenant, service) pair, replayed with that tenant's rows only and reconciled with that
+tenant's stored rows; every batch sent names its tenant, so the rows it writes are that
+tenant's.
+
 The pure computation is in ``reconcile``; the SQL that reads raw and stored rows in
 ``readback``.
 """
@@ -84,9 +89,10 @@ async def write_checkpoint(store: Store, component: str, held_since: float) -> N
 async def recover_unlabelled(store: Store, since: float,
                              send: Callable[[AttributionBatch], Awaitable[None]],
                              res: Result) -> None:
-    """Reconcile the unlabelled samples stored since ``since``, service by service."""
-    for service, lo, hi in await unlabelled_services(store, since):
-        got = await load_unlabelled(store, service, lo, hi)
+    """Reconcile the unlabelled samples stored since ``since``, service by service of each
+    tenant."""
+    for tenant, service, lo, hi in await unlabelled_services(store, since):
+        got = await load_unlabelled(store, tenant, service, lo, hi)
         if got is None:
             res.skipped_services += 1
             continue
@@ -98,7 +104,8 @@ async def recover_unlabelled(store: Store, since: float,
                                 r.sample_count, random_source())
                    for r in rows if r.method == UNATTRIBUTED]
         for j in range(0, max(len(spans_rows), 1), SEND_ROWS):
-            batch = AttributionBatch(spans_rows[j:j + SEND_ROWS], minutes if j == 0 else [])
+            batch = AttributionBatch(spans_rows[j:j + SEND_ROWS], minutes if j == 0 else [],
+                                     tenant=tenant)
             if len(batch):
                 await send(batch)
         res.services += 1
@@ -113,14 +120,18 @@ async def recover(store: Store, since: float,
     ``send`` returns."""
     res = Result()
     traces, res.skipped_traces = await affected(store, since)
-    for i in range(0, len(traces), CHUNK_TRACES):
-        chunk = sorted(traces[i:i + CHUNK_TRACES])
-        spans, samples, stacks, stored = await load(store, chunk)
-        rows = deltas(expected(spans, samples, stacks), stored, LABELLED_METHODS)
-        for j in range(0, len(rows), SEND_ROWS):
-            await send(AttributionBatch(rows[j:j + SEND_ROWS]))
-        res.traces += len(chunk)
-        res.rows += len(rows)
-        res.cpu_ns += sum(r.cpu_ns for r in rows)
+    by_tenant: dict[str, list[str]] = {}
+    for tenant, trace in traces:
+        by_tenant.setdefault(tenant, []).append(trace)
+    for tenant, ids in sorted(by_tenant.items()):
+        for i in range(0, len(ids), CHUNK_TRACES):
+            chunk = sorted(ids[i:i + CHUNK_TRACES])
+            spans, samples, stacks, stored = await load(store, tenant, chunk)
+            rows = deltas(expected(spans, samples, stacks), stored, LABELLED_METHODS)
+            for j in range(0, len(rows), SEND_ROWS):
+                await send(AttributionBatch(rows[j:j + SEND_ROWS], tenant=tenant))
+            res.traces += len(chunk)
+            res.rows += len(rows)
+            res.cpu_ns += sum(r.cpu_ns for r in rows)
     await recover_unlabelled(store, since, send, res)
     return res
