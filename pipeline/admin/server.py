@@ -14,8 +14,9 @@ the running pipeline, which asks ClickHouse on its own connection::
 ``method``: ``exact`` (link + link+time, the default), ``all``, or a comma-separated list.
 
 Each answer is one tenant's (``_tenant``): the one the request's token maps to when the
-listener checks tokens (``request["tenant"]``, set by pipeline/receivers/authn.py), else
-the default tenant.
+listener checks tokens, else the one ``X-Scope-OrgID`` names, else the default tenant
+(``request[TENANT]``, set by pipeline/receivers/authn.py; with a token, a header naming
+another tenant is refused there). Only tokens of ``admin_tenants`` read ``/metrics``.
 
 Every parameter is checked before a query runs, and a bad one is a 400 naming it: ranges
 outside 1970..2106 (ClickHouse ``DateTime``) or reversed, ``limit`` outside 1..10000,
@@ -223,10 +224,10 @@ class AdminServer:
 
 
 def _tenant(request: web.Request) -> str:
-    """Whose data a request may see: the tenant its token maps to (the token middleware
-    keeps it on the request), else the default tenant (a listener without tokens)."""
-    tenant = request.get("tenant")
-    return str(tenant) if tenant else DEFAULT_TENANT
+    """Whose data a request may see: what the listener's middleware resolved (``authn``):
+    the tenant its token maps to with auth on, else ``X-Scope-OrgID``'s or the default
+    tenant. A ``tenant`` query parameter is never read."""
+    return request.get(TENANT) or DEFAULT_TENANT
 
 
 def _limit(q: Any) -> int:

@@ -162,12 +162,14 @@ class TestEachQuerySeesOnlyItsTenant:
 
 class TestAdminApiTenant:
     def test_the_tenant_of_a_request(self) -> None:
-        """The token middleware's tenant, else the default tenant."""
+        """The middleware's tenant, else the default tenant; never the query string's."""
         from aiohttp.test_utils import make_mocked_request
 
-        req = make_mocked_request("GET", "/api/v1/spans")
-        assert _tenant(req) == "default"
-        req["tenant"] = "a"
+        from pipeline.receivers.authn import TENANT
+
+        req = make_mocked_request("GET", "/api/v1/spans?tenant=b")
+        assert _tenant(req) == "default"  # the query string is never read
+        req[TENANT] = "a"
         assert _tenant(req) == "a"
 
     async def test_a_token_sees_its_tenants_data_only(
