@@ -155,9 +155,9 @@ class SpanprofProcess:
             time.sleep(0.1)
         raise AssertionError(f"spanprof did not become healthy:\n{self.logs()}")
 
-    def get(self, path: str) -> Any:
-        with urllib.request.urlopen(self.admin + path, timeout=10,
-                                    context=self.admin_ssl) as resp:
+    def get(self, path: str, headers: dict[str, str] | None = None) -> Any:
+        req = urllib.request.Request(self.admin + path, headers=headers or {})
+        with urllib.request.urlopen(req, timeout=10, context=self.admin_ssl) as resp:
             return json.loads(resp.read())
 
     def logs(self) -> str:

@@ -602,10 +602,12 @@ class TestRenderedPipelinesRun:
 
         def attributed() -> dict[tuple[str, str], int]:
             return {(s["trace_id"], s["span_id"]): s["cpu_ns"] for s in
-                    correlator.get("/api/v1/spans?limit=100")["spans"]}
+                    correlator.get("/api/v1/spans?limit=100",
+                                   {"X-Scope-OrgID": "team-a"})["spans"]}  # the token's
         want = {(t.hex(), s.hex()): v for (t, s), v in truth.items()}
         wait_until(lambda: attributed() == want, timeout=60)
         assert gateway.stop() == 0
         assert correlator.stop() == 0
         with clickhouse(correlator.data) as ch:
-            assert ch.query("SELECT count() FROM spanprof.otel_traces").result_rows[0][0] == 10
+            got = ch.query("SELECT tenant, count() FROM spanprof.otel_traces GROUP BY tenant")
+            assert got.result_rows == [("team-a", 10)]  # the gateway token's tenant, via Kafka

@@ -24,7 +24,7 @@ WRONG = "tok-wrong-but-plausible-778899"
 
 CONFIG = """
 extensions:
-  tenantauth: {{tokens: {{"${{env:SP_TOKEN}}": team-a}}}}
+  tenantauth: {{tokens: {{"${{env:SP_TOKEN}}": team-a}}, admin_tenants: [team-a]}}
 receivers:
   otlp:
     protocols:

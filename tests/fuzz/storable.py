@@ -44,7 +44,9 @@ def column_types() -> dict[str, dict[str, str]]:
     out: dict[str, dict[str, str]] = {}
     for table in rows.COLUMNS:
         cols: dict[str, str] = {}
-        for m in re.finditer(rf"(?:CREATE TABLE IF NOT EXISTS|ALTER TABLE) \w+\.{table}\s"
+        # NAME__new: a table rebuilt under another key (migration 11), then renamed NAME
+        for m in re.finditer(rf"(?:CREATE TABLE IF NOT EXISTS|ALTER TABLE) \w+\.{table}"
+                             r"(?:__new)?\s"
                              r"(?:\((.*?)\n\) ENGINE|(.*?);)", ddl, re.S):
             body = m[1] or m[2]
             nested = None
