@@ -46,16 +46,29 @@ class Service:
         self._stop.set()
 
     async def start(self) -> None:
-        for ext in self.extensions.values():
-            await ext.start()
-        await self.graph.start()
-        self.loop_lag.start()
-        if self.admin is not None:
-            try:
-                await self.admin.start()
-            except BaseException:
-                await self.graph.shutdown()
-                raise
+        """Extensions, then the graph, then the admin API; what started is stopped again,
+        in reverse, when a later step fails (a port taken, a store unreachable)."""
+        started: list[Any] = []
+        try:
+            for ext in self.extensions.values():
+                await ext.start()
+                started.append(ext)
+            await self.graph.start()
+            self.loop_lag.start()
+            if self.admin is not None:
+                try:
+                    await self.admin.start()
+                except BaseException:
+                    await self.loop_lag.stop()
+                    await self.graph.shutdown()
+                    raise
+        except BaseException:
+            for ext in reversed(started):
+                try:
+                    await ext.shutdown()
+                except Exception:
+                    self.log.exception("extension_shutdown_failed")
+            raise
 
     async def stop(self) -> None:
         if self.admin is not None:
