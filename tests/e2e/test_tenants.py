@@ -134,3 +134,57 @@ class TestTenants:
         for tenant in ("team-a", "team-b"):
             assert f'spanprof_tenant_accepted_spans_total{{tenant="{tenant}"}}' in text
         assert TEAM_A not in text and TEAM_B not in text
+
+
+class TestOrgIdWithoutAuth:
+    def test_x_scope_orgid_names_the_tenant(self, spanprof: SpanprofProcess) -> None:
+        """Auth off (the embedded default): two tenants named by X-Scope-OrgID send the same
+        trace and span ids with different CPU; the CLI's --tenant (SPANPROF_TENANT) reads
+        each one's, and without it the default tenant, which has nothing."""
+        import grpc
+        from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as tps
+        from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+
+        from pipeline.otlp.builder import ProfileBuilder
+        from tests.e2e.otlp_clients import profiles_stub, traces_stub
+
+        spanprof.start()
+        tid, sid = bytes(range(1, 17)), bytes(range(1, 9))
+        t0 = (int(__import__("time").time()) - 60) * 1_000_000_000
+        channel = grpc.insecure_channel(spanprof.grpc_target)
+        for tenant, ms in (("team-x", 30), ("team-y", 7)):
+            req = tps.ExportTraceServiceRequest()
+            rs = req.resource_spans.add()
+            rs.resource.attributes.append(KeyValue(key="service.name",
+                                                   value=AnyValue(string_value=tenant)))
+            rs.scope_spans.add().spans.add(trace_id=tid, span_id=sid, name="op",
+                                           start_time_unix_nano=t0,
+                                           end_time_unix_nano=t0 + 100_000_000)
+            b = ProfileBuilder()
+            b.sample(["work"], ms * 1_000_000, tid, sid, service=tenant)
+            md = (("x-scope-orgid", tenant),)
+            traces_stub(channel).Export(req, timeout=30, metadata=md)
+            profiles_stub(channel).Export(b.build(), timeout=30, metadata=md)
+
+        def top(*extra: str, env: dict[str, str] | None = None) -> list[dict[str, Any]]:
+            import os
+
+            out = subprocess.run(
+                [sys.executable, "-m", "pipeline.cli", "top", "--admin", spanprof.admin,
+                 "--format", "json", *extra], cwd=ROOT, capture_output=True, text=True,
+                timeout=60, env={**os.environ, **(env or {})})
+            assert out.returncode == 0, out.stderr
+            return json.loads(out.stdout)  # type: ignore[no-any-return]
+
+        wait_until(lambda: all(r["cpu_ns"] for t in ("team-x", "team-y")
+                               for r in top("--tenant", t) or [{"cpu_ns": 0}]), timeout=60)
+        ((x,),) = [top("--tenant", "team-x")]
+        ((y,),) = [top(env={"SPANPROF_TENANT": "team-y"})]
+        assert (x["service"], x["cpu_ns"]) == ("team-x", 30_000_000)
+        assert (y["service"], y["cpu_ns"]) == ("team-y", 7_000_000)
+        assert top() == []  # the default tenant sent nothing
+        bad = subprocess.run(
+            [sys.executable, "-m", "pipeline.cli", "top", "--admin", spanprof.admin,
+             "--tenant", "x' OR 1=1 --"], cwd=ROOT, capture_output=True, text=True,
+            timeout=60)
+        assert bad.returncode != 0 and "400" in bad.stderr
