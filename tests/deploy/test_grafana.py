@@ -2,7 +2,9 @@
 (panel targets and templating queries) run on the embedded ClickHouse with spanprof's
 schema and a small known dataset, with the ClickHouse plugin's macros and the dashboard's
 variables substituted as Grafana would. A query that does not run, or answers wrongly, fails
-here rather than on someone's dashboard."""
+here rather than on someone's dashboard. The dataset has two tenants with the same trace,
+span and stack ids: a query that reads any table without the `tenant` variable's filter
+mixes them, and fails here too."""
 
 from __future__ import annotations
 
@@ -235,19 +237,29 @@ def test_structure(name: str) -> None:
 
 
 def test_trace_links_point_at_the_trace_dashboard() -> None:
+    """Links name variables of their target, and carry those both dashboards have (the
+    data source and the tenant: a trace opened under another tenant is another trace)."""
     dashes = dashboards()
     by_uid = {d["uid"]: d for d in dashes.values()}
-    links = [lk["url"] for d in dashes.values() for p in panels_of(d)
+    links = [(d, lk["url"]) for d in dashes.values() for p in panels_of(d)
              for o in p.get("fieldConfig", {}).get("overrides", [])
              for prop in o["properties"] if prop["id"] == "links" for lk in prop["value"]]
     assert links, "no data link"
-    for url in links:
+    links += [(d, lk["url"]) for d in dashes.values() for lk in d.get("links", [])
+              if lk["type"] == "link"]
+    for source, url in links:
         m = re.match(r"^/d/([\w-]+)/[\w-]+\?(.*)$", url)
         assert m, url
         target = by_uid[m.group(1)]
         names = {v["name"] for v in target["templating"]["list"]}
-        for param in re.findall(r"var-(\w+)=", m.group(2)):
+        params = set(re.findall(r"var-(\w+)=", m.group(2))) | \
+            set(re.findall(r"\$\{(\w+):queryparam\}", m.group(2)))
+        for param in params:
             assert param in names, f"{url}: {param} is not a variable of {m.group(1)}"
+        shared = names & {v["name"] for v in source["templating"]["list"]}
+        assert shared <= params, f"{url}: does not carry {shared - params}"
+    for d in dashes.values():  # links by tag carry the variables (the tenant) too
+        assert all(lk["includeVars"] for lk in d.get("links", []) if lk["type"] == "dashboards")
 
 
 # -- a known dataset in the embedded engine ----------------------------------------------
@@ -261,6 +273,15 @@ STACKS = {  # leaf first, as profile_stacks stores them
     106: ["reserve", "main"],
     107: ["psycopg.execute", "run_query", "main"],
 }
+STACKS_B = {  # the same stack ids in another tenant's program: other frames
+    101: ["orjson.dumps", "encode", "create_invoice", "main"],
+    102: ["tax_rate", "create_invoice", "main"],
+    103: ["create_invoice", "main"],
+    104: ["redis.get", "load_cart", "show_cart", "main"],
+    105: ["orjson.dumps", "render", "show_cart", "main"],
+    106: ["charge", "main"],
+    107: ["redis.execute", "get", "main"],
+}
 ORDER_MULT = [1, 2, 3, 10]  # POST /order spans: CPU 42, 84, 126, 420 ms
 ORDER_DURATION_MS = [100, 200, 300, 1000]
 APPROX_CPU = 1000 * MS  # a `thread` row on the slowest span: never in exact figures
@@ -268,36 +289,87 @@ ORPHAN_CPU = 500 * MS  # a row of samples whose span never came: no operation
 UNATTRIBUTED_CPU = 50 * MS
 
 
+@dataclass(frozen=True)
+class Tenant:
+    """One tenant's share of the dataset. Both tenants get the same trace, span and stack
+    ids (handed out in the same order) with other figures, frames, durations and names, so
+    a query that reads any table without the tenant mixes them where it shows."""
+
+    name: str
+    stacks: dict[int, list[str]]
+    cpu: int  # every CPU figure times this
+    duration: int  # every span duration times this
+    # spans start this much later, in the same second: the window of a trace
+    # (otel_traces_trace_id_ts) holds both tenants' spans, only the tenant parts them
+    shift_ms: int
+    reserve_service: str  # the service of the `reserve` span
+    child_name: str  # the name of GET /items' child span
+    extra_order: bool  # one more POST /order call, ids of its own (5 calls, not 4)
+    unstored: frozenset[int]  # stacks referenced but not in the tenant's profile_stacks
+
+
+A = Tenant("acme", STACKS, 1, 1, 0, "inventory", "db.query", False, frozenset())
+B = Tenant("globex", STACKS_B, 3, 2, 300, "payments", "cache.get", True,
+           frozenset({103, 107}))  # another tenant's frames must not fill the gaps
+NO_DATA = "default"  # the variable's default, a tenant with no row in this dataset
+TENANTS = (A, B)
+
+
 def order_stacks(m: int) -> dict[int, int]:
     return {101: 30 * MS * m, 102: 10 * MS * m, 103: 2 * MS * m}
 
 
 @dataclass
-class Dataset:
-    path: Path
-    now_s: int
+class TenantData:
     spans: list[Span]
-    order: list[Span]  # POST /order, in ORDER_MULT order
-    items: list[tuple[Span, Span]]  # (GET /items, its child db.query)
+    order: list[Span]  # POST /order, in ORDER_MULT order (then B's extra call)
+    items: list[tuple[Span, Span]]  # (GET /items, its child db.query / cache.get)
     exact_stacks: dict[str, dict[int, int]]  # operation -> stack -> exact CPU (checkout)
 
 
-def _attr(span: Span, method: str, source: int, stacks: dict[int, int],
+@dataclass
+class Dataset:
+    """Both tenants in database ``spanprof``; each alone in ``only_database(tenant)``."""
+
+    path: Path
+    now_s: int
+    tenants: dict[str, TenantData]
+
+    # tenant A's, which the figures of the tests per panel are about
+    @property
+    def order(self) -> list[Span]:
+        return self.tenants[A.name].order
+
+    @property
+    def items(self) -> list[tuple[Span, Span]]:
+        return self.tenants[A.name].items
+
+    @property
+    def exact_stacks(self) -> dict[str, dict[int, int]]:
+        return self.tenants[A.name].exact_stacks
+
+
+def only_database(tenant: str) -> str:
+    return f"spanprof_only_{tenant}"
+
+
+def _attr(t: Tenant, span: Span, method: str, source: int, stacks: dict[int, int],
           inclusive_extra: int = 0, known: bool = True) -> Attribution:
+    stacks = {sid: ns * t.cpu for sid, ns in stacks.items()}
     cpu = sum(stacks.values())
     leaf: dict[str, int] = {}
     for sid, ns in stacks.items():
-        leaf[STACKS[sid][0]] = leaf.get(STACKS[sid][0], 0) + ns
+        leaf[t.stacks[sid][0]] = leaf.get(t.stacks[sid][0], 0) + ns
     return Attribution(
         span.trace_id, span.span_id, method, span.service, span.name if known else "",
         span.parent_span_id if known else b"", span.start_ns if known else 0,
         span.duration_ns if known else 0, known, cpu, 0, cpu // (10 * MS), leaf, {}, source,
-        cpu + inclusive_extra, stacks, {})
+        cpu + inclusive_extra * t.cpu, stacks, {})
 
 
-def build_dataset(path: Path) -> Dataset:
-    now_s = int(time.time())
-    base = (now_s - 30 * 60) * SEC
+def tenant_batches(t: Tenant, now_s: int
+                   ) -> tuple[TenantData, SpanBatch, ProfileBatch, AttributionBatch]:
+    base = (now_s - 30 * 60) * SEC + t.shift_ms * MS
     ids = iter(range(1, 1000))
 
     def span(service: str, name: str, start: int, dur_ms: int, trace: bytes | None = None,
@@ -305,7 +377,7 @@ def build_dataset(path: Path) -> Dataset:
         n = next(ids)
         tid = trace or n.to_bytes(16, "big")
         return Span(tid, (n + 0x1000).to_bytes(8, "big"), parent, name, 2, service, start,
-                    start + dur_ms * MS)
+                    start + dur_ms * t.duration * MS)
 
     # spread over several minutes, so time buckets are really summed
     order = [span("checkout", "POST /order", base + i * 50 * SEC, d)
@@ -313,60 +385,84 @@ def build_dataset(path: Path) -> Dataset:
     items = []
     for i in range(2):
         root = span("checkout", "GET /items", base + (i * 70 + 10) * SEC, 50)
-        child = span("checkout", "db.query", root.start_ns + 5 * MS, 20, root.trace_id,
+        child = span("checkout", t.child_name, root.start_ns + 5 * MS, 20, root.trace_id,
                      root.span_id)
         items.append((root, child))
-    reserve = span("inventory", "reserve", base + 20 * SEC, 30)
+    reserve = span(t.reserve_service, "reserve", base + 20 * SEC, 30)
     spans = order + [s for pair in items for s in pair] + [reserve]
     orphan = span("checkout", "lost", base, 10)
 
     src = iter(range(1, 1000))
-    rows = [_attr(s, "link", next(src), {}) for s in spans]  # as the span itself writes
+    rows = [_attr(t, s, "link", next(src), {}) for s in spans]  # as the span itself writes
     for m, s in zip(ORDER_MULT, order, strict=True):
         st = order_stacks(m)
         if m == 10:  # two exact rows (link, link+time) that add up, and an approximate one
-            rows.append(_attr(s, "link", next(src), {101: 200 * MS, 103: st[103]}))
-            rows.append(_attr(s, "link+time", next(src), {101: 100 * MS, 102: st[102]}))
-            rows.append(_attr(s, "thread", next(src), {102: APPROX_CPU}))
+            rows.append(_attr(t, s, "link", next(src), {101: 200 * MS, 103: st[103]}))
+            rows.append(_attr(t, s, "link+time", next(src), {101: 100 * MS, 102: st[102]}))
+            rows.append(_attr(t, s, "thread", next(src), {102: APPROX_CPU}))
         else:
-            rows.append(_attr(s, "link", next(src), st))
+            rows.append(_attr(t, s, "link", next(src), st))
     for root, child in items:
-        rows.append(_attr(root, "link", next(src), {104: 5 * MS, 105: 3 * MS}, 7 * MS))
-        rows.append(_attr(child, "link+time", next(src), {107: 7 * MS}))
-    rows.append(_attr(reserve, "link", next(src), {106: 4 * MS}))
-    rows.append(_attr(orphan, "link", next(src), {101: ORPHAN_CPU}, known=False))
-    unattributed = [Unattributed("checkout", base - base % (60 * SEC), UNATTRIBUTED_CPU, 0, 5,
-                                 next(src))]
+        rows.append(_attr(t, root, "link", next(src), {104: 5 * MS, 105: 3 * MS}, 7 * MS))
+        rows.append(_attr(t, child, "link+time", next(src), {107: 7 * MS}))
+    rows.append(_attr(t, reserve, "link", next(src), {106: 4 * MS}))
+    rows.append(_attr(t, orphan, "link", next(src), {101: ORPHAN_CPU}, known=False))
+    if t.extra_order:  # after every shared id: the ids above stay the same in both tenants
+        extra = span("checkout", "POST /order", base + 40 * SEC, 500)
+        order.append(extra)
+        spans.append(extra)
+        rows.append(_attr(t, extra, "link", next(src), {}))
+        rows.append(_attr(t, extra, "link", next(src), order_stacks(5)))
+    unattributed = [Unattributed("checkout", base - base % (60 * SEC),
+                                 UNATTRIBUTED_CPU * t.cpu, 0, 5, next(src))]
 
     stacks = {sid: Stack(sid, fns, ["app.py"] * len(fns), list(range(1, len(fns) + 1)))
-              for sid, fns in STACKS.items()}
-
-    async def load() -> None:
-        cfg = Config(endpoint=f"chdb://{path}", flush_interval=Duration(0.05), ttl=Duration(0))
-        ex = ClickHouseExporter(cfg, Context("clickhouse", ["traces"], data_dir=str(path)))
-        await ex.start()
-        try:
-            await ex.consume(SpanBatch(spans))
-            await ex.consume(ProfileBatch([], stacks))
-            await ex.consume(AttributionBatch(rows, unattributed))
-        finally:
-            await ex.shutdown()
-
-    asyncio.run(load())
-    # the same stack written again by another process (a restart, a second worker): two
-    # rows until profile_stacks (a ReplacingMergeTree) merges; a flame graph counts it once
-    with clickhouse(path) as ch:
-        ch.insert("spanprof.profile_stacks", [[101, STACKS[101], ["app.py"] * 4, [1, 2, 3, 4]]],
-                  column_names=["stack_id", "functions", "files", "lines"])
-        assert ch.query("SELECT count() FROM spanprof.profile_stacks WHERE stack_id = 101"
-                        ).result_rows == [(2,)]
+              for sid, fns in t.stacks.items() if sid not in t.unstored}
     exact: dict[str, dict[int, int]] = {}
     for r in rows:
         if r.service == "checkout" and r.span_known and r.method in EXACT:
             op = exact.setdefault(r.name, {})
             for sid, ns in r.stack_cpu_ns.items():
                 op[sid] = op.get(sid, 0) + ns
-    return Dataset(path, now_s, spans, order, items, exact)
+    return (TenantData(spans, order, items, exact), SpanBatch(spans, tenant=t.name),
+            ProfileBatch([], stacks, tenant=t.name),
+            AttributionBatch(rows, unattributed, tenant=t.name))
+
+
+def build_dataset(path: Path) -> Dataset:
+    now_s = int(time.time())
+    built = {t.name: tenant_batches(t, now_s) for t in TENANTS}
+
+    async def load(database: str, tenants: tuple[Tenant, ...]) -> None:
+        cfg = Config(endpoint=f"chdb://{path}", database=database,
+                     flush_interval=Duration(0.05), ttl=Duration(0))
+        # an id per database: its own queue directory, never replayed into another
+        ex = ClickHouseExporter(cfg, Context(f"clickhouse/{database}", ["traces"],
+                                             data_dir=str(path)))
+        await ex.start()
+        try:
+            for t in tenants:
+                for batch in built[t.name][1:]:
+                    await ex.consume(batch)
+        finally:
+            await ex.shutdown()
+
+    loads = [("spanprof", TENANTS)] + [(only_database(t.name), (t,)) for t in TENANTS]
+    for database, tenants in loads:
+        asyncio.run(load(database, tenants))
+    # the same stack written again by another process (a restart, a second worker): two
+    # rows until profile_stacks (a ReplacingMergeTree) merges; a flame graph counts it once
+    with clickhouse(path) as ch:
+        for database, tenants in loads:
+            for t in tenants:
+                fns = t.stacks[101]
+                ch.insert(f"{database}.profile_stacks",
+                          [[t.name, 101, fns, ["app.py"] * 4, [1, 2, 3, 4]]],
+                          column_names=["tenant", "stack_id", "functions", "files", "lines"])
+                assert ch.query(f"SELECT count() FROM {database}.profile_stacks "
+                                f"WHERE tenant = '{t.name}' AND stack_id = 101"
+                                ).result_rows == [(2,)]
+    return Dataset(path, now_s, {name: b[0] for name, b in built.items()})
 
 
 @pytest.fixture(scope="module")
@@ -390,15 +486,21 @@ class Result:
 
 
 class Runner:
-    """Runs a dashboard's SQL as Grafana would: variables and macros substituted."""
+    """Runs a dashboard's SQL as Grafana would: variables and macros substituted; the
+    variable ``tenant`` is ``tenant`` unless ``variables`` name it. With ``database``, on
+    that database's tables instead of ``spanprof``'s."""
 
-    def __init__(self, ch: Any, data: Dataset, variables: dict[str, str]) -> None:
-        self.ch, self.data, self.variables = ch, data, variables
+    def __init__(self, ch: Any, data: Dataset, variables: dict[str, str],
+                 tenant: str = A.name, database: str = "spanprof") -> None:
+        self.ch, self.data, self.database = ch, data, database
+        self.variables = {"tenant": tenant, **variables}
         self.ran: list[str] = []
 
     def run(self, sql: str, interval_s: int = 30) -> Result:
         text = substitute(sql, from_s=self.data.now_s - 3600, to_s=self.data.now_s + 60,
                           interval_s=interval_s, variables=self.variables)
+        if self.database != "spanprof":
+            text = re.sub(r"\bspanprof\.", f"{self.database}.", text)
         try:
             res = self.ch.query(text)
         except Exception as err:  # the query as sent, for whoever reads the failure
@@ -452,7 +554,7 @@ def check_nested_set(res: Result) -> list[tuple[int, int, int, str]]:
     return rows
 
 
-VARS = {"service": "checkout", "operation": "POST /order"}
+VARS = {"service": "checkout", "operation": "POST /order"}  # tenant A's (Runner)
 
 
 class TestMainDashboard:
@@ -621,10 +723,142 @@ class TestTraceDashboard:
 
 def test_every_dashboard_query_is_exercised(ch: Any, data: Dataset) -> None:
     """A dashboard added under deploy/grafana/ runs too, with the variables known here."""
-    values = dict(VARS, trace_id=data.order[0].trace_id.hex())
+    values = dict(VARS, tenant=A.name, trace_id=data.order[0].trace_id.hex())
     for name, dash in dashboards().items():
         names = {v["name"] for v in dash["templating"]["list"]} - {"datasource"}
         r = Runner(ch, data, {k: values[k] for k in names})
         for sql in all_sql(dash):
             r.run(sql)
         assert r.ran, name
+
+
+# -- tenants -------------------------------------------------------------------------------
+
+TENANT_FILTER = "tenant = ${tenant:sqlstring}"
+# a filter that only narrows where another read looks (the time window of a trace, taken
+# from otel_traces_trace_id_ts for the otel_traces read, itself filtered by tenant): without
+# it the read costs more, its answer is the same, so no dataset can tell it was removed
+NARROWING_ONLY = {"otel_traces_trace_id_ts"}
+# per dashboard, the variable sets every query is run with: between them, each query's
+# every tenant filter shows in an answer (both operations: GET /items' child differs)
+VARIABLE_SETS: dict[str, Callable[[Dataset], list[dict[str, str]]]] = {
+    "spanprof.json": lambda d: [VARS, dict(VARS, operation="GET /items")],
+    "spanprof-trace.json": lambda d: [{"trace_id": d.order[3].trace_id.hex()},
+                                      {"trace_id": d.items[0][0].trace_id.hex()}],
+}
+
+
+def tenant_variable(dash: dict[str, Any]) -> dict[str, Any]:
+    return next(v for v in dash["templating"]["list"] if v["name"] == "tenant")
+
+
+def tenant_queries(dash: dict[str, Any]) -> list[str]:
+    """Every query of the dashboard but the one listing the tenants."""
+    listing = variable_sql(tenant_variable(dash))
+    return [sql for sql in all_sql(dash) if sql != listing]
+
+
+def answers(ch: Any, data: Dataset, name: str, sql: str, tenant: str,
+            database: str = "spanprof") -> list[Result]:
+    return [Runner(ch, data, variables, tenant, database).run(sql)
+            for variables in VARIABLE_SETS[name](data)]
+
+
+def blank(value: Any) -> bool:
+    return value in (0, "", None) or (isinstance(value, float) and math.isnan(value))
+
+
+class TestTenants:
+    """Two tenants with the same trace, span and stack ids and other figures, frames and
+    names: every panel of a tenant is what that tenant's data alone gives."""
+
+    @pytest.fixture(params=sorted(VARIABLE_SETS))
+    def name(self, request: pytest.FixtureRequest) -> str:
+        return str(request.param)
+
+    def test_every_dashboard_is_covered(self) -> None:
+        """A dashboard added under deploy/grafana/ needs its variable sets here."""
+        assert set(VARIABLE_SETS) == set(dashboards())
+
+    def test_tenant_variable(self, ch: Any, data: Dataset, name: str) -> None:
+        """First after the data source, one value, `default` unless chosen; lists the
+        tenants of the range, and the variables after it read only its tenant's rows."""
+        dash = dashboards()[name]
+        listed = [v["name"] for v in dash["templating"]["list"]]
+        assert listed[:2] == ["datasource", "tenant"]
+        var = tenant_variable(dash)
+        assert var["type"] == "query" and not var["multi"] and not var["includeAll"]
+        assert var["current"]["value"] == "default" and var["refresh"] == 2
+        assert Runner(ch, data, {}).run(variable_sql(var)).rows == [(A.name,), (B.name,)]
+        for v in dash["templating"]["list"][2:]:
+            if v["type"] == "query":
+                assert TENANT_FILTER in variable_sql(v), v["name"]
+
+    def test_every_table_read_is_filtered(self, name: str) -> None:
+        """Each table or view a query names, in subqueries and joins too, is followed by
+        the tenant filter before the next one is named."""
+        for sql in tenant_queries(dashboards()[name]):
+            reads = list(re.finditer(r"\bspanprof\.(\w+)", sql))
+            assert reads, sql
+            for read, after in zip(reads, [*reads[1:], None], strict=True):
+                part = sql[read.end():after.start() if after else len(sql)]
+                assert TENANT_FILTER in part, f"{read.group(1)} read without tenant:\n{sql}"
+
+    def test_each_tenant_sees_its_own_data_only(self, ch: Any, data: Dataset,
+                                                name: str) -> None:
+        """Every query answers for a tenant what the same query answers on a database
+        holding that tenant's data only, and the two tenants' answers differ (or the
+        comparison would prove nothing)."""
+        for sql in tenant_queries(dashboards()[name]):
+            got = {t.name: answers(ch, data, name, sql, t.name) for t in TENANTS}
+            for t in TENANTS:
+                alone = answers(ch, data, name, sql, t.name, only_database(t.name))
+                assert got[t.name] == alone, f"tenant {t.name} sees other rows:\n{sql}"
+            assert got[A.name] != got[B.name], f"the tenants look alike to:\n{sql}"
+
+    def test_a_tenant_without_data_sees_nothing(self, ch: Any, data: Dataset,
+                                                name: str) -> None:
+        for sql in tenant_queries(dashboards()[name]):
+            for res in answers(ch, data, name, sql, NO_DATA):
+                assert all(blank(v) for row in res.rows for v in row), (res.rows, sql)
+
+    def test_every_tenant_filter_shows(self, ch: Any, data: Dataset, name: str) -> None:
+        """Each tenant filter removed in turn (made `1 = 1`), some tenant's answer
+        changes: the dataset tells every filter's absence (but NARROWING_ONLY's)."""
+        checked = 0
+        for sql in tenant_queries(dashboards()[name]):
+            want = {t.name: answers(ch, data, name, sql, t.name) for t in TENANTS}
+            at = [m.start() for m in re.finditer(re.escape(TENANT_FILTER), sql)]
+            for i in at:
+                table = re.findall(r"\bspanprof\.(\w+)", sql[:i])[-1]
+                if table in NARROWING_ONLY:
+                    continue
+                cut = sql[:i] + "1 = 1" + sql[i + len(TENANT_FILTER):]
+                got = {t.name: answers(ch, data, name, cut, t.name) for t in TENANTS}
+                assert got != want, f"removing the filter on {table} changes nothing:\n{cut}"
+                checked += 1
+        assert checked >= {"spanprof.json": 14, "spanprof-trace.json": 6}[name]
+
+    def test_figures_of_the_other_tenant(self, ch: Any, data: Dataset) -> None:
+        """A few of B's figures by hand: 3x the CPU, its own services, names and frames."""
+        main, trace = dashboards()["spanprof.json"], dashboards()["spanprof-trace.json"]
+        v = {x["name"]: x for x in main["templating"]["list"]}
+        r = Runner(ch, data, dict(VARS, tenant=B.name))
+        assert r.run(variable_sql(v["service"])).rows == [("checkout",), ("payments",)]
+        assert r.run(variable_sql(v["operation"])).rows == \
+            [("GET /items",), ("POST /order",), ("cache.get",)]
+        # 4 shared calls (672 ms in A) times 3, and B's fifth call (42 ms x 5, times 3)
+        assert r.run(sql_of(panel(main, "${operation}: CPU"))).dicts() == \
+            [{"cpu": 3 * (672 + 210) * MS, "spans": 5, "cpu_per_call": 3 * 882 * MS / 5}]
+        rows = check_nested_set(r.run(sql_of(panel(main, "Flame graph"))))
+        assert rows[0] == (0, 3 * 882 * MS, 0, "total")
+        # B never stored stack 103: its frames are missing, not borrowed from A's 103
+        assert (1, 3 * 42 * MS, 3 * 42 * MS, "(stack not stored)") in rows
+        assert {r[3] for r in rows} & {f for fns in STACKS.values() for f in fns} == {"main"}
+        root, child = data.tenants[B.name].items[0]
+        got = Runner(ch, data, {"trace_id": root.trace_id.hex()}, B.name).run(
+            sql_of(panel(trace, "Spans of trace"))).dicts()
+        assert [(d["operation"], d["start_offset"], d["duration"], d["self_cpu"],
+                 d["inclusive_cpu"], d["top_function"]) for d in got] == [
+            ("GET /items", 0, 100 * MS, 24 * MS, 45 * MS, "redis.get"),
+            ("cache.get", 5 * MS, 40 * MS, 21 * MS, 21 * MS, "redis.execute")]
