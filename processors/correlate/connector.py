@@ -168,6 +168,22 @@ class SpanCorrelator:
             self.state_of(batch.tenant).add_samples(batch, now)
         else:
             raise TypeError(f"{self.ctx.id} does not consume {batch.signal}")
+        if len(self.states) > 1:
+            self._bound_all(now)
+
+    def _bound_all(self, now: float) -> None:
+        """``max_entries`` and ``max_state_mib`` bound every tenant's state together too:
+        beyond them, the tenant holding the most reports its oldest entries early (each
+        state already keeps within its own bounds)."""
+        max_bytes = self.cfg.max_state_mib << 20
+        for _ in range(len(self.states)):  # the biggest first, the next if not enough
+            entries = sum(s.entries for s in self.states.values())
+            held = sum(s.bytes for s in self.states.values())
+            if entries <= self.cfg.max_entries and held <= max_bytes:
+                return
+            big = max(self.states.values(), key=lambda s: (s.bytes, s.entries))
+            big.shrink_to(big.entries - max(0, entries - self.cfg.max_entries),
+                          big.bytes - max(0, held - max_bytes), now)
 
     async def flush(self, force: bool = False) -> bool:
         """Report what is due and send the outbox; True when nothing is left unsent."""

@@ -341,6 +341,16 @@ class CorrelatorState(Placement):
         self.stats.rows_out += len(rows)
         return AttributionBatch(rows, unattributed)
 
+    def shrink_to(self, max_entries: int, max_bytes: int, now: float) -> None:
+        """Report the oldest entries early until at most ``max_entries`` and ``max_bytes``
+        are held (the bounds of all tenants' states together, ``connector``)."""
+        saved = self.max_entries, self.max_bytes
+        self.max_entries, self.max_bytes = max(0, max_entries), max(0, max_bytes)
+        try:
+            self._bound(now)
+        finally:
+            self.max_entries, self.max_bytes = saved
+
     def _bound(self, now: float) -> None:
         """Keep held entries within ``max_entries`` and ``max_bytes`` by reporting the
         oldest ones early."""

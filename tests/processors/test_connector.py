@@ -199,6 +199,21 @@ class TestTenants:
         assert (c.states["small"].max_entries, c.states["big"].max_entries) == (2, 1_000)
         assert c.states["small"].stats.evicted == 2 and c.states["big"].stats.evicted == 0
 
+    async def test_all_tenants_together_within_max_entries(self) -> None:
+        """Many tenants each within their own bound still hold no more than max_entries
+        together: the biggest reports its oldest early, nothing is lost (every sample's
+        CPU is reported once flushed)."""
+        c, fake, _ = make(max_entries=10)
+        for t in range(4):
+            batch, smp = spans(*range(1, 6)), samples(*((n, 10) for n in range(1, 6)))
+            batch.tenant = smp.tenant = f"t{t}"
+            await c.consume(batch)
+            await c.consume(smp)
+            assert sum(s.entries for s in c.states.values()) <= 10
+        assert c.stats().evicted > 0
+        await c.flush(force=True)
+        assert sum(a.cpu_ns for b in fake.accepted for a in b.attributions) == 4 * 5 * 10
+
     async def test_kafka_blocks_look_up_their_tenant_spans(self) -> None:
         """In the Kafka tier a sample's row is named from a span of its own tenant only."""
         c, fake, _ = make()
