@@ -41,35 +41,64 @@ class M(msgspec.Struct, gc=False):
 
 
 class Acc(msgspec.Struct, gc=False):
-    """CPU and wall time joined to one span since it was last reported, per method."""
+    """CPU and wall time joined to one span since it was last reported, per method.
+
+    The ``link`` method's part (nearly every span's only one) is a field of its own and the
+    others a dict made at their first use: a span then holds no object the garbage
+    collector tracks (a dict holding structs is tracked, and one per held span made the
+    collections of the older generations take up to a second)."""
 
     since: float
     service: str = ""
-    by: dict[str, M] = msgspec.field(default_factory=dict)
+    link: M | None = None
+    others: dict[str, M] | None = None
+
+    def methods(self) -> list[tuple[str, M]]:
+        """(method, what it contributed), ``link`` first, the others in order of first use."""
+        out = [(LINK, self.link)] if self.link is not None else []
+        if self.others:
+            out.extend(self.others.items())
+        return out
+
+    def count(self) -> int:
+        """How many methods contributed."""
+        return (self.link is not None) + (len(self.others) if self.others else 0)
+
+    def get(self, method: str) -> M | None:
+        if method == LINK:
+            return self.link
+        return self.others.get(method) if self.others else None
 
     def items(self) -> int:
         """Size in ``ITEM_BYTES``: methods and their function and stack entries."""
         return sum(METHOD_ITEMS + len(m.self_cpu) + len(m.self_wall) + len(m.stack_cpu)
-                   + len(m.stack_wall) for m in self.by.values())
+                   + len(m.stack_wall) for _, m in self.methods())
 
     def add(self, method: str, measure: str, value: int, count: int, leaf: str | None,
             stack: int = 0) -> int:
         """Add a sample under ``method``; how many items (``items``) that created."""
-        m = self.by.get(method)
+        m = self.get(method)
         new = 0
         if m is None:
-            m = self.by[method] = M()
+            m = self.m(method)
             new = METHOD_ITEMS
         return new + add(m, measure, value, count, leaf, stack)
 
     def m(self, method: str) -> M:
-        got = self.by.get(method)
+        """The method's part, made at its first use."""
+        if method == LINK:
+            if self.link is None:
+                self.link = M()
+            return self.link
+        if self.others is None:
+            self.others = {}
+        got = self.others.get(method)
         if got is None:
-            got = self.by[method] = M()
+            got = self.others[method] = M()
         return got
 
     def merge(self, other: Acc) -> None:
-        for method, o in other.by.items():
+        for method, o in other.methods():
             m = self.m(method)
             m.cpu_ns += o.cpu_ns
             m.wall_ns += o.wall_ns

@@ -145,15 +145,15 @@ class Placement:
             pacc = self._acc_of((key[0], parent_id), now)
             if pacc is None:
                 break
-            methods = len(pacc.by)
+            methods = pacc.count()
             pacc.m(method).incl_cpu += value
-            self._items += METHOD_ITEMS * (len(pacc.by) - methods)
+            self._items += METHOD_ITEMS * (pacc.count() - methods)
             info = parent
 
     def _adopt(self, key: Key, info: SpanInfo, acc: Acc, now: float) -> None:
         """A span just known: the CPU it already holds (its samples came first) goes up
         to its ancestors, and the CPU of its descendants that waited for it comes in."""
-        for method, m in acc.by.items():
+        for method, m in acc.methods():
             if m.cpu_ns:
                 self._lift(key, method, m.cpu_ns, now)
         tree = self.trees.get(key[0])
@@ -165,9 +165,9 @@ class Placement:
         for (service, method), value in waiting.items():
             if service != info.service:
                 continue  # inclusive CPU stays within a service
-            methods = len(acc.by)
+            methods = acc.count()
             acc.m(method).incl_cpu += value
-            self._items += METHOD_ITEMS * (len(acc.by) - methods)
+            self._items += METHOD_ITEMS * (acc.count() - methods)
             self._lift(key, method, value, now)
 
     def _add_linked(self, key: Key, service: str, group: list[tuple[Sample, str]],
@@ -194,7 +194,7 @@ class Placement:
             self._split(key, m, parts, total, now)
             before = acc.items()
             rest = Acc(now)
-            rest.by[LINK] = m  # the labelled span's own part, and the whole inclusive CPU
+            rest.link = m  # the labelled span's own part, and the whole inclusive CPU
             acc.merge(rest)
             self._items += acc.items() - before
         else:
@@ -241,7 +241,7 @@ class Placement:
         """The untimed samples that came before their span (its ``link`` row so far),
         shared as ``_add_linked`` shares a batch's samples, by the same weights."""
         pending = self.spans.get(key)
-        m = pending.acc.by.get(LINK) if pending is not None else None
+        m = pending.acc.link if pending is not None else None
         if pending is None or m is None:
             return
         parts, total = self._parts(key, pending.info.service, now)
@@ -291,9 +291,9 @@ class Placement:
             info = tree.spans.get(parent_id)
             if pacc is None or info is None:
                 break
-            methods = len(pacc.by)
+            methods = pacc.count()
             pacc.m(SHARE).incl_cpu += value
-            self._items += METHOD_ITEMS * (len(pacc.by) - methods)
+            self._items += METHOD_ITEMS * (pacc.count() - methods)
             parent_id = info.parent_span_id
 
     def _skew_of(self, smp: Sample) -> int:

@@ -56,7 +56,9 @@ class Tree:
         self.spans: dict[bytes, SpanInfo] = {}
         self._children: dict[bytes, list[bytes]] | None = None
         self.waiting: dict[bytes, dict[tuple[str, str], int]] | None = None
-        self._shares: dict[bytes, list[tuple[bytes, int]]] | None = None
+        # tuples, not lists: a list is always tracked by the garbage collector, and one
+        # (mostly empty) per span asked about was most of what it scanned of held state
+        self._shares: dict[bytes, tuple[tuple[bytes, int], ...]] | None = None
 
     def add(self, span_id: bytes, info: SpanInfo) -> None:
         self.spans[span_id] = info
@@ -68,7 +70,7 @@ class Tree:
         self._children = None
         self._shares = None
 
-    def shares(self, span_id: bytes) -> list[tuple[bytes, int]]:
+    def shares(self, span_id: bytes) -> tuple[tuple[bytes, int], ...]:
         """How an untimed sample labelled ``span_id`` is shared in its subtree: each span of
         the labelled span's service below it (and the span itself, first) with its self
         time, its duration less the union of its same-service children's (clipped to it).
@@ -94,8 +96,8 @@ class Tree:
                 todo.extend(kids)
             if len(out) == 1 or not any(w for _, w in out[1:]):
                 out = []
-        self._shares[span_id] = out
-        return out
+        got = self._shares[span_id] = tuple(out)
+        return got
 
     def children(self, span_id: bytes) -> list[bytes]:
         if self._children is None:

@@ -182,7 +182,7 @@ class CorrelatorState(Placement):
             self.spans[key] = Pending(info, acc, now + self.grace)
             self._know(key, info)
             self._adopt(key, info, acc, now)
-            if orphan is not None and LINK in acc.by:
+            if orphan is not None and acc.link is not None:
                 adopted.append(key)
             if orphan is not None and orphan.timed:
                 # placed after grace, once the span's children have come too
@@ -390,7 +390,7 @@ def _rows(key: Key, info: SpanInfo | None, acc: Acc) -> list[Attribution]:
     """A span's rows: one per method that joined something to it. A span without CPU has
     none: its name, duration and off-CPU time are read from ``otel_traces``."""
     out = []
-    for method, m in acc.by.items():
+    for method, m in acc.methods():
         if not (m.cpu_ns or m.wall_ns or m.count or m.incl_cpu):
             continue
         if info is None:
