@@ -77,7 +77,13 @@ def _hex_to_base64(node: Any, path: str = "") -> Any:
 def parse_request(body: bytes, request_type: Any) -> Any:
     """An OTLP/JSON body as ``request_type`` (ExportTraceServiceRequest, ...); unknown
     fields are ignored as the spec asks. Raises only ``InvalidData``."""
-    doc = loads(body)
+    return from_doc(loads(body), request_type)
+
+
+def from_doc(doc: Any, request_type: Any) -> Any:
+    """A document ``loads`` returned, as ``request_type`` (for a caller that looked at the
+    document first: the backfill reader tells traces from profiles by their keys). Raises
+    only ``InvalidData``."""
     if not isinstance(doc, dict):
         raise InvalidData(f"not an OTLP/JSON {request_type.__name__}: expected a JSON object")
     try:
