@@ -234,6 +234,7 @@ class TestBounds:
         assert isinstance(got[1], Piece) and len(got[1].batch) == 2
 
     def test_profile_file_over_the_limit(self, tmp_path: Path) -> None:
+        """A pprof file larger than max_message_bytes is refused whole, unparsed."""
         raw = make_pprof([([1], 1, {"k": "v" * (70 << 10)})])
         (bad,) = read(write(tmp_path, "big.pprof", raw), SMALL)
         assert isinstance(bad, Bad) and bad.too_large
@@ -251,6 +252,7 @@ class TestDamage:
         assert got[1].origin.at == first and "truncated" in got[1].error
 
     def test_truncated_json_line(self, tmp_path: Path) -> None:
+        """A last line cut short (the Collector stopped mid-write) is a Bad naming it."""
         data = C.json_lines(MSGS)
         got = read(write(tmp_path, "t.json", data[:-20]))
         assert [type(it).__name__ for it in got] == ["Piece", "Piece", "Bad"]

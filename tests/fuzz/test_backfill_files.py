@@ -111,11 +111,13 @@ class TestBackfillFiles:
     @FUZZ
     @given(st.binary(max_size=4096))
     def test_random(self, where: Path, data: bytes) -> None:
+        """Any bytes at all."""
         check(where, data)
 
     @FUZZ
     @given(st.integers(0, 6), st.integers(0, 2), st.floats(0, 1))
     def test_truncated(self, where: Path, seed: int, wrap: int, cut: float) -> None:
+        """Every seed, under every wrapping, cut anywhere."""
         data = WRAPS[wrap](contents()[seed])
         check(where, data[: int(len(data) * cut)])
 
