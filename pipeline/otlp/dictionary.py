@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from pipeline.otlp.bounds import UINT64_MAX
-from pipeline.otlp.common import is_zero
+from pipeline.otlp.common import any_value_str, is_zero
 from pipeline.otlp.stacks import Frames, StackRefused, StackTable
 
 
@@ -92,6 +92,23 @@ class Dictionary:
             raise Invalid(f"{what} {i} out of range (string_table has {self.n_str})")
         return str(self.strtab[i])
 
+    def attributes(self, kvs: Any, what: str) -> dict[str, str]:
+        """Resource (or scope) attributes as strings, as ``attributes_dict`` makes them,
+        with the string references the Collector writes resolved: pdata (v0.165) marshals
+        profiles with ``KeyValue.key_strindex`` and ``AnyValue.string_value_strindex``
+        into this request's ``string_table`` instead of ``key``/``string_value``.
+        ``Invalid`` for a reference out of range."""
+        out: dict[str, str] = {}
+        for i, kv in enumerate(kvs):
+            key = kv.key or (self.string(kv.key_strindex, f"{what}[{i}].key_strindex")
+                             if kv.key_strindex else "")
+            v = kv.value
+            out[key] = (self.string(v.string_value_strindex,
+                                    f"{what}[{i}].value.string_value_strindex")
+                        if v.WhichOneof("value") == "string_value_strindex"
+                        else any_value_str(v))
+        return out
+
     def check_zero_entries(self) -> None:
         """The zero entry of every table is copied into each Kafka part (split.py), used or
         not, so it must be as valid as a used one."""
@@ -135,7 +152,9 @@ class Dictionary:
             name = str(self.strtab[kv.key_strindex])
             if name in WHERE_KEYS:
                 v = kv.value
-                found[name] = v.int_value if v.HasField("int_value") else v.string_value
+                found[name] = v.int_value if v.HasField("int_value") else self.string(
+                    v.string_value_strindex, f"attribute_table[{ai}].value.string_value_strindex"
+                ) if v.WhichOneof("value") == "string_value_strindex" else v.string_value
         span = _label_id(found.get("process.context.label.span_id", ""), 8)
         trace = _label_id(found.get("process.context.label.trace_id", ""), 16) if span else b""
         got = self._where_by_indices[key] = Where(

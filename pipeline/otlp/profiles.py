@@ -31,7 +31,7 @@ from pipeline.otlp.bounds import (
     UINT32_MAX,
     time_problem,
 )
-from pipeline.otlp.common import Rejections, attributes_dict, service_name
+from pipeline.otlp.common import Rejections, service_name
 from pipeline.otlp.dictionary import Dictionary, Invalid, Where
 from pipeline.otlp.stacks import StackRefused, StackTable, stack_hash
 from pipeline.records import Measure, ProfileBatch, Sample
@@ -103,9 +103,12 @@ def decode_profiles(req: ExportProfilesServiceRequest, max_records: int = MAX_RE
     except Invalid as err:
         broken = f"dictionary: {err}"
     for ri, rp in enumerate(req.resource_profiles):
-        resource = attributes_dict(rp.resource.attributes)
+        try:
+            resource = d.attributes(rp.resource.attributes, "resource.attributes")
+            pid, pid_problem = _pid(resource)
+        except Invalid as err:
+            resource, pid, pid_problem = {}, 0, str(err)
         service = service_name(resource)
-        pid, pid_problem = _pid(resource)
         host = resource.get("host.name", "")
         for si, sp in enumerate(rp.scope_profiles):
             for pi, prof in enumerate(sp.profiles):

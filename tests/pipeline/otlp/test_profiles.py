@@ -525,6 +525,38 @@ class TestService:
         assert [kv.key for kv in resource.attributes] == ["host.name", "service.name"]
         assert only_sample(decode_profiles(req)).service == "checkout"
 
+    def test_string_references_as_the_collector_writes_them(self) -> None:
+        """pdata (Collector v0.165) writes resource attributes and attribute_table values as
+        ``key_strindex``/``string_value_strindex`` into the string_table: they are resolved
+        (seen in the file exporter's output, tests/backfill/test_collector_files.py)."""
+        b = ProfileBuilder()
+        b.sample(["a"], 1, TRACE, SPAN, attributes={"thread.name": "worker"})
+        req = b.build()
+        strings = req.dictionary.string_table
+        strings.extend(["service.name", "checkout", "host.name", "h1", "main"])
+        n = len(strings)
+        resource = req.resource_profiles[0].resource
+        del resource.attributes[:]
+        for k, v in ((n - 5, n - 4), (n - 3, n - 2)):
+            resource.attributes.add(key_strindex=k).value.string_value_strindex = v
+        thread = next(kv for kv in req.dictionary.attribute_table
+                      if strings[kv.key_strindex] == "thread.name")
+        thread.value.string_value_strindex = n - 1
+        s = only_sample(decode_profiles(req))
+        assert (s.service, s.host, s.thread_name) == ("checkout", "h1", "main")
+
+    def test_string_reference_out_of_range(self) -> None:
+        """A reference past the string_table refuses the resource's profiles, naming it."""
+        b = ProfileBuilder()
+        b.sample(["a"], 1, TRACE, SPAN)
+        req = b.build()
+        req.resource_profiles[0].resource.attributes.add(
+            key="host.name").value.string_value_strindex = 10_000
+        dec = decode_profiles(req)
+        assert dec.rejected == 1 and not dec.batch.samples
+        assert "resource.attributes[1].value.string_value_strindex 10000 out of range" \
+            in dec.message
+
 
 class TestWhereSampled:
     def test_thread_attributes_and_process_identity(self) -> None:
