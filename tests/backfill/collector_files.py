@@ -48,7 +48,8 @@ def traces(n: int = 2, seed: int = 1) -> ExportTraceServiceRequest:
 def profiles(seed: int = 1) -> Any:
     b = ProfileBuilder()
     b.sample(["main", f"work{seed}"], 10_000_000, bytes([seed]) * 16, bytes([seed, 1]) * 4,
-             service=f"svc{seed}", time_unix_nano=T0)
+             service=f"svc{seed}", time_unix_nano=T0,
+             attributes={"thread.name": f"worker{seed}", "thread.id": seed})
     b.sample(["main", "idle"], 20_000_000, service=f"svc{seed}", time_unix_nano=T0)
     return b.build()
 

@@ -150,7 +150,8 @@ def written(request: Any, otelcol: Path, tmp_path: Path) -> Iterator[Written]:
 class TestCollectorFiles:
     @pytest.mark.parametrize("exporter", list(EXPORTERS))
     def test_reads_what_the_collector_wrote(self, written: Written, exporter: str) -> None:
-        """Every span the SDK sent and every sample of the profiles request, from each
+        """Every span the SDK sent and every sample of the profiles request (its thread
+        attributes too), from each
         exporter's file, with nothing refused and no error. The framing is the one the
         module docstring gives: json lines; length prefixes for proto, and for zstd by
         default (a frame per message, json too); one zstd stream with the gate."""
@@ -173,5 +174,5 @@ class TestCollectorFiles:
         assert sorted(map(_key, samples)) == sorted(map(_key, want))
 
 
-def _key(s: Any) -> tuple[bytes, bytes, str, int, int]:
-    return s.trace_id, s.span_id, s.service, s.value, s.time_ns
+def _key(s: Any) -> tuple[bytes, bytes, str, int, int, int, str]:
+    return s.trace_id, s.span_id, s.service, s.value, s.time_ns, s.thread_id, s.thread_name
