@@ -52,6 +52,37 @@ class TestOldestHeld:
         assert st.oldest_held() is None
 
 
+    def test_matches_a_scan_of_everything_held(self) -> None:
+        """oldest_held reads the first held span and orphan and the spans whose samples
+        came first (a heap), not every entry: on random arrivals, with spans adopting older
+        orphans, flushes and evictions, it equals the minimum over everything held."""
+        import random
+
+        def scanned(st: CorrelatorState) -> float | None:
+            times = [p.acc.since for p in st.spans.values()]
+            times += [o.acc.since - st.grace for o in st.orphans.values()]
+            times += [p.acc.since - st.grace for p in st.late.values()]
+            times += [a.since - st.grace for a in st.unattributed.values()]
+            times += [a.since - st.grace for _, _, a in st._evicted]
+            times += [st.held[0][0]] if st.held else []
+            return min(times) if times else None
+
+        rng = random.Random(7)
+        st = CorrelatorState(grace=5, orphan_timeout=20, late_window=30, max_entries=60)
+        now = 0.0
+        for _ in range(400):
+            now += rng.random()
+            sids = [bytes([rng.randrange(80)]) * 8 for _ in range(rng.randrange(1, 5))]
+            if rng.random() < 0.5:
+                st.add_samples(_batch(*(_sample(s, 5) for s in sids)), now)
+            else:
+                st.add_spans([_span(s) for s in sids], now)
+            if rng.random() < 0.2:
+                st.take_due(now)
+            assert st.oldest_held() == scanned(st)
+        assert len(st._early) <= len(st.spans) + 60  # pruned as spans are reported
+
+
 def _row(sid: bytes, method: str, cpu: int, known: bool = True) -> Attribution:
     return Attribution(T, sid, method, "svc", "op", b"", 0, 100, known, cpu, 0, 1,
                        {"leaf": cpu}, {}, 1, cpu, {1: cpu}, {})
