@@ -322,13 +322,21 @@ class Writer:
 
     async def _insert(self, table: str, tok: str, cols: Columns) -> None:
         names = quarantine.QUARANTINE_COLUMNS if table == quarantine.TABLE else COLUMNS[table]
+        data = [cols[c] for c in names]
         insert = functools.partial(
-            self.client.insert, f"{self.database}.{table}", [cols[c] for c in names],
+            self.client.insert, f"{self.database}.{table}", data,
             column_names=names, column_oriented=True,
             # the views' targets deduplicate too (their own window)
             settings={"insert_deduplication_token": tok,
                       "deduplicate_blocks_in_dependent_materialized_views": 1})
-        await asyncio.get_running_loop().run_in_executor(self.executor, insert)
+        try:
+            await asyncio.get_running_loop().run_in_executor(self.executor, insert)
+        finally:
+            # clickhouse-connect's InsertContext holds a bound method of its own (a
+            # reference cycle) and this list: emptied, the columns are freed by refcount
+            # now rather than by the garbage collector, whose young collections spent up to
+            # 200 ms walking them (10 000-item lists, every insert) at steady state
+            data.clear()
         self._succeeded()
 
     async def close(self) -> None:

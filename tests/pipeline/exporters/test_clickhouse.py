@@ -391,3 +391,48 @@ class TestQueueLoggedBeforeTenants:
         assert old["profile_stacks"]["tenant"] == ["default", "default"]
         new = _with_tenant({"profile_stacks": {"tenant": ["a"], "stack_id": [7]}})
         assert new["profile_stacks"]["tenant"] == ["a"]
+
+
+class TestInsertReleasesColumns:
+    def test_the_library_keeps_its_insert_context_in_a_cycle(self) -> None:
+        """The fact the writer works around: clickhouse-connect's InsertContext refers to
+        itself through a bound method, so what it holds waits for the garbage collector."""
+        import gc
+
+        from clickhouse_connect.datatypes.registry import get_from_name
+        from clickhouse_connect.driver.insert import InsertContext
+
+        data = [[1, 2, 3]]
+        ctx = InsertContext("t", ["x"], [get_from_name("UInt64")], data,
+                            column_oriented=True)
+        assert any(ctx in gc.get_referents(v) for v in vars(ctx).values()
+                   if callable(v) and hasattr(v, "__self__"))
+
+    async def test_columns_are_freed_once_inserted(self) -> None:
+        """After an insert (and after a failed one), the writer holds no reference to the
+        columns through the client's insert context: only the caller's remain."""
+        import sys
+
+        from pipeline.exporters.clickhouse.rows import COLUMNS
+
+        class CyclicClient(MemoryClient):
+            """Keeps what it is given in a reference cycle, as clickhouse-connect does."""
+
+            def insert(self, table: str, data: Any, **kw: Any) -> Any:
+                ctx: dict[str, Any] = {"data": data}
+                ctx["self"] = ctx
+                self.kept.append(ctx)
+                return super().insert(table, data, **kw)
+
+        client = CyclicClient()
+        client.kept = []  # type: ignore[attr-defined]
+        w = writer(client)
+        block = {c: [0] * 5 for c in COLUMNS["otel_traces"]}
+        column = block["TraceId"]
+        before = sys.getrefcount(column)
+        await w._insert("otel_traces", "tok-1", block)
+        assert sys.getrefcount(column) == before
+        client.fail(reset(), times=1)
+        with pytest.raises(Exception):  # noqa: B017 - any failure: the columns are let go
+            await w._insert("otel_traces", "tok-2", block)
+        assert sys.getrefcount(column) == before
