@@ -141,17 +141,18 @@ class Tenants:
         """Take one request of ``tenant`` in, or raise ``Refused``."""
         t = self._get(tenant)
         now = self.clock()
-        wait = 0.0
+        wait, which = 0.0, ""
         # a request takes one token; bytes are paid after the body, so it is enough that
         # no debt is left
-        for bucket, need in ((t.requests, 1.0), (t.bytes, 0.0)):
+        for name, bucket, need in (("requests_per_second", t.requests, 1.0),
+                                   ("bytes_per_second", t.bytes, 0.0)):
             if bucket is not None:
                 bucket.refill(now)
-                wait = max(wait, bucket.wait(need))
+                if (w := bucket.wait(need)) > 0 and not which:
+                    which = name  # named after the first limit it is over
+                wait = max(wait, w)
         if wait > 0:
             t.counts["throttled_requests"] += 1
-            which = "requests_per_second" if t.requests is not None and \
-                t.requests.wait(1.0) > 0 else "bytes_per_second"
             rate = getattr(t.limits, which)
             raise Refused(f"tenant {tenant} is over its {which} ({rate:g}): retry later",
                           max(wait, 0.05))

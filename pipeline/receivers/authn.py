@@ -84,20 +84,13 @@ def resolve_tenant(auth: TokenAuth | None, token_tenant: Callable[[], str | None
     return tenant
 
 
-def grpc_tenant(auth: TokenAuth | None,
-                metadata: Sequence[tuple[str, str | bytes]] | None) -> str | Refusal:
-    """``resolve_tenant`` for a gRPC call's metadata."""
-    items = list(metadata or ())
-    org = [item[1] for item in items if isinstance(item, tuple | list) and len(item) == 2
-           and isinstance(item[0], str) and item[0].lower() == ORG_ID]
-    return resolve_tenant(auth, lambda: auth.tenant_of_grpc(items) if auth else None, org)
-
-
-def over_limits(tenants: Tenants | None, tenant: str) -> Refusal | None:
-    """Why the tenant's request is refused by its limits (``pipeline/tenants.py``), if it is;
-    otherwise it is counted in."""
-    if tenants is None:
-        return None
+def admit(auth: TokenAuth | None, tenants: Tenants | None,
+          token_tenant: Callable[[], str | None], org_ids: Sequence[object]) -> str | Refusal:
+    """``resolve_tenant``, then, with ``tenants``, that tenant's limits
+    (``pipeline/tenants.py``): the request's tenant, counted in, or why it is refused."""
+    tenant = resolve_tenant(auth, token_tenant, org_ids)
+    if isinstance(tenant, Refusal) or tenants is None:
+        return tenant
     try:
         tenants.admit(tenant)
     except Refused as err:
@@ -106,7 +99,16 @@ def over_limits(tenants: Tenants | None, tenant: str) -> Refusal | None:
                            "refused_tenant_requests")
         return Refusal(429, grpc.StatusCode.RESOURCE_EXHAUSTED, str(err),
                        "throttled_requests", err.retry_after)
-    return None
+    return tenant
+
+
+def grpc_tenant(auth: TokenAuth | None, tenants: Tenants | None,
+                metadata: Sequence[tuple[str, str | bytes]] | None) -> str | Refusal:
+    """``admit`` for a gRPC call's metadata."""
+    items = list(metadata or ())
+    org = [item[1] for item in items if isinstance(item, tuple | list) and len(item) == 2
+           and isinstance(item[0], str) and item[0].lower() == ORG_ID]
+    return admit(auth, tenants, lambda: auth.tenant_of_grpc(items) if auth else None, org)
 
 
 def http_middleware(auth: TokenAuth | None, metrics: Counter[str],
@@ -117,10 +119,8 @@ def http_middleware(auth: TokenAuth | None, metrics: Counter[str],
     async def check(request: web.Request, handler: Any) -> web.StreamResponse:
         if request.path not in open_paths:
             org = [v for k, v in request.headers.items() if k.lower() == ORG_ID]
-            got = resolve_tenant(auth, lambda: auth.tenant_of_http(request.headers)
-                                 if auth else None, org)
-            if not isinstance(got, Refusal):
-                got = over_limits(tenants, got) or got
+            got = admit(auth, tenants, lambda: auth.tenant_of_http(request.headers)
+                        if auth else None, org)
             if isinstance(got, Refusal):
                 metrics[got.metric] += 1
                 headers = {"WWW-Authenticate": 'Bearer realm="spanprof"'} \

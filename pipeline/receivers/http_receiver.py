@@ -12,6 +12,7 @@ from aiohttp import web
 from pipeline.receivers.authn import authenticator
 from pipeline.receivers.http import ServerLimits, app_for, serve
 from pipeline.receivers.idempotency import RecentRequests, preload_recent, tenant_request_key
+from pipeline.receivers.limits import ITEMS
 from pipeline.registry import Context
 
 
@@ -47,8 +48,7 @@ class HttpReceiver:
         if await self.recent.deliver(key, lambda: self.ctx.next[signal].consume(batch)):
             self.metrics["duplicate_requests"] += 1
         else:
-            items = "spans" if signal == "traces" else "samples"
-            self.ctx.tenants.count(tenant, f"accepted_{items}", len(batch))
+            self.ctx.tenants.count(tenant, f"accepted_{ITEMS[signal]}", len(batch))
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.ctx.id} port={self.port} {dict(self.metrics)}>"

@@ -12,6 +12,9 @@ from typing import Any
 
 from pipeline.errors import InvalidData, TooLarge
 
+# what a signal's requests hold: the receivers' metric names count items, not requests
+ITEMS = {"traces": "spans", "profiles": "samples"}
+
 
 def count_items(signal: str, req: Any) -> int:
     """Spans in an ExportTraceServiceRequest, samples in an ExportProfilesServiceRequest,

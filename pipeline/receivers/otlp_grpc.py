@@ -59,9 +59,9 @@ from pipeline.errors import ConfigError, InvalidData, Retryable, TooLarge
 from pipeline.otlp.bounds import RecordsLimit
 from pipeline.otlp.profiles import decode_profiles
 from pipeline.otlp.traces import decode_traces
-from pipeline.receivers.authn import Refusal, authenticator, grpc_tenant, over_limits
+from pipeline.receivers.authn import Refusal, authenticator, grpc_tenant
 from pipeline.receivers.idempotency import RecentRequests, preload_recent, tenant_request_key
-from pipeline.receivers.limits import check_items, count_items
+from pipeline.receivers.limits import ITEMS, check_items, count_items
 from pipeline.registry import Context
 from pipeline.tls import ServerTls
 
@@ -85,7 +85,6 @@ def retry_trailers(message: str, delay_s: float,
 
 TRACE_METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 PROFILES_METHOD = "/opentelemetry.proto.collector.profiles.v1development.ProfilesService/Export"
-ITEMS = {"traces": "spans", "profiles": "samples"}  # metric names count items, not requests
 # signal -> (request type, response type, decoder, partial_success field)
 _SERVICES: dict[str, tuple[Any, Any, Any, str]] = {
     "traces": (tps.ExportTraceServiceRequest, tps.ExportTraceServiceResponse, decode_traces,
@@ -206,9 +205,7 @@ class GrpcServer:
         are being handled; otherwise UNAVAILABLE with a delay, before any parsing. First
         its tenant (``authn.grpc_tenant``): with ``auth``, a call without a known token is
         UNAUTHENTICATED; an ``x-scope-orgid`` naming another tenant PERMISSION_DENIED."""
-        tenant = grpc_tenant(self.auth, context.invocation_metadata())
-        if not isinstance(tenant, Refusal):
-            tenant = over_limits(self.ctx.tenants, tenant) or tenant
+        tenant = grpc_tenant(self.auth, self.ctx.tenants, context.invocation_metadata())
         if isinstance(tenant, Refusal):
             self.metrics[tenant.metric] += 1
             await context.abort(tenant.grpc, tenant.message, trailing_metadata=() if

@@ -37,14 +37,13 @@ from pipeline.otlp.traces import decode_traces
 from pipeline.receivers.authn import TENANT
 from pipeline.receivers.http_body import BodyTimeout, UnsupportedEncoding, read_body
 from pipeline.receivers.http_receiver import HttpReceiver
-from pipeline.receivers.limits import check_items, count_items
+from pipeline.receivers.limits import ITEMS, check_items, count_items
 
 ROUTES: dict[str, tuple[str, Any, Any, str]] = {
     "/v1/traces": ("traces", tps.ExportTraceServiceRequest, decode_traces, "rejected_spans"),
     "/v1development/profiles": ("profiles", pps.ExportProfilesServiceRequest, decode_profiles,
                                 "rejected_profiles"),
 }
-ITEMS = {"traces": "spans", "profiles": "samples"}
 
 
 # what a client's body can make the parsers raise: a 400, never a 500
