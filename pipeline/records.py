@@ -212,7 +212,7 @@ def concat(batches: list[Batch]) -> Batch:
     (``sources``) and the client requests' runs (``requests``). The one concatenation of
     the pipeline (the batch processor, the Pyroscope receiver's profiles of one push, the
     Kafka receiver's blocks, which then name the block: ``origin``, ``parts``). The
-    batches are of one tenant: callers group by it (``by_tenant``)."""
+    batches are of one tenant: callers group by it."""
     first = batches[0]
     if len(batches) == 1:
         return first
@@ -239,14 +239,6 @@ def concat(batches: list[Batch]) -> Batch:
     rows = [b for b in batches if isinstance(b, AttributionBatch)]
     return AttributionBatch([a for b in rows for a in b.attributions],
                             [u for b in rows for u in b.unattributed], tenant=tenant)
-
-
-def by_tenant(batches: list[Batch]) -> dict[str, list[Batch]]:
-    """``batches`` grouped by tenant, each group in order (what ``concat`` can join)."""
-    out: dict[str, list[Batch]] = {}
-    for b in batches:
-        out.setdefault(b.tenant, []).append(b)
-    return out
 
 
 def _requests(batches: list[Batch]) -> list[tuple[int, int]]:

@@ -18,7 +18,8 @@ from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.profiles.v1development import profiles_service_pb2 as pps
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as tps
 
-from pipeline.auth import TENANT_RE
+from pipeline.auth import tenant_from_header
+from pipeline.errors import InvalidData
 from pipeline.kafka import TENANT_HEADER
 from pipeline.kafka.blocks import Block, Entry
 from pipeline.otlp.profiles import decode_profiles
@@ -57,8 +58,10 @@ def tenant_of(rec: Any) -> str | None:
     value = found[0]
     if len(found) > 1 or not isinstance(value, bytes) or not value.isascii():
         return None
-    tenant = value.decode("ascii")
-    return tenant if TENANT_RE.match(tenant) else None
+    try:  # the rule X-Scope-OrgID is held to
+        return tenant_from_header(value.decode("ascii"))
+    except InvalidData:
+        return None
 
 
 def to_entry(signal: str, topic: str, rec: Any, metrics: Counter[str], log: Any) -> Entry:

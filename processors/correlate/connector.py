@@ -157,9 +157,7 @@ class SpanCorrelator:
             if isinstance(batch, SpanBatch):
                 span_lookup_add(seen, batch, self.cfg.max_entries)
             else:
-                rows = attribute_block(batch, seen)
-                rows.tenant = batch.tenant
-                await self.ctx.next["attributions"].consume(rows)
+                await self.ctx.next["attributions"].consume(attribute_block(batch, seen))
             return
         now = self.clock()
         if isinstance(batch, SpanBatch):

@@ -41,7 +41,7 @@ def attribute_block(batch: SpanBatch | ProfileBatch,
                     spans: SpanLookup | None = None) -> AttributionBatch:
     """The rows of a Kafka block: each message's rows (``attribute_message``, under the
     message's own ``source``), as one batch named by the block, so that the exporter
-    inserts them as one deduplicated block."""
+    inserts them as one deduplicated block, under the block's tenant."""
     rows: list[Attribution] = []
     unattributed: list[Unattributed] = []
     parts = batch.parts or [(batch.origin, len(batch))]
@@ -55,7 +55,7 @@ def attribute_block(batch: SpanBatch | ProfileBatch,
         got = attribute_message(piece, source_id(origin), spans)
         rows.extend(got.attributions)
         unattributed.extend(got.unattributed)
-    return AttributionBatch(rows, unattributed, origin=batch.origin)
+    return AttributionBatch(rows, unattributed, origin=batch.origin, tenant=batch.tenant)
 
 
 SpanLookup = dict[bytes, tuple[bytes, "SpanInfo"]]  # span id -> (trace id, span)
