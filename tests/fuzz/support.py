@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import random
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from hypothesis import HealthCheck, settings
@@ -50,6 +50,40 @@ def count(decoder: str, n: int = 1) -> None:
 
 # (random source, an input to mutate, the corpus to splice from) -> a mutant
 Mutator = Callable[[random.Random, bytes, list[bytes]], bytes]
+
+
+def byte_mutator(inserts: Sequence[bytes], *, odd: Sequence[bytes] = (),
+                 repeats: Sequence[int] = (2, 10, 1000), cap: int) -> Mutator:
+    """A mutant is 1-4 edits of the input, each at a random place: a byte replaced, one of
+    ``inserts`` inserted (extreme lengths, magic bytes), a slice repeated one of ``repeats``
+    times (many lines, messages, frames), the rest cut, the rest taken from another corpus
+    input, one of ``odd`` inserted (when given: bad UTF-8, deep nesting), a few bytes
+    deleted. At most ``cap`` bytes."""
+    ops = 7 if odd else 6
+
+    def mutate(rnd: random.Random, data: bytes, corpus: list[bytes]) -> bytes:
+        out = bytearray(data)
+        for _ in range(rnd.randint(1, 4)):
+            i = rnd.randint(0, len(out)) if out else 0
+            op = rnd.randrange(ops)
+            if op == 0 and out:
+                out[min(i, len(out) - 1)] = rnd.randrange(256)
+            elif op == 1:
+                out[i:i] = rnd.choice(inserts)
+            elif op == 2 and out:
+                j = min(len(out), i + rnd.randint(1, 64))
+                out[i:i] = out[i:j] * rnd.choice(repeats)
+            elif op == 3:
+                del out[i:]
+            elif op == 4:
+                other = rnd.choice(corpus)
+                out[i:] = other[rnd.randint(0, len(other)):]
+            elif op == 5 and odd:
+                out[i:i] = rnd.choice(odd)
+            else:
+                del out[i:i + rnd.randint(1, 8)]
+        return bytes(out[:cap])
+    return mutate
 
 
 def run_mutants(name: str, corpus: list[bytes], mutate: Mutator, run: Callable[[bytes], Any],

@@ -25,7 +25,7 @@ from pipeline.backfill.files import Bad, Limits, Piece
 from pipeline.records import ProfileBatch, SpanBatch
 from tests.backfill import collector_files as C
 from tests.backfill.test_files import MSGS
-from tests.fuzz.support import FUZZ, PROFILE, count, run_mutants
+from tests.fuzz.support import FUZZ, PROFILE, byte_mutator, count, run_mutants
 from tests.pipeline.receivers.test_pyroscope import pprof as make_pprof
 
 JFR = Path(__file__).resolve().parents[1] / "testdata" / "jfr"
@@ -72,26 +72,7 @@ def check(path: Path, data: bytes) -> None:
             assert it.origin.at <= LIMITS.max_file_bytes
 
 
-def mutate(rnd: random.Random, data: bytes, corpus: list[bytes]) -> bytes:
-    out = bytearray(data)
-    for _ in range(rnd.randint(1, 4)):
-        i = rnd.randint(0, len(out)) if out else 0
-        op = rnd.randrange(6)
-        if op == 0 and out:
-            out[min(i, len(out) - 1)] = rnd.randrange(256)
-        elif op == 1:
-            out[i:i] = rnd.choice(PREFIXES)
-        elif op == 2 and out:  # a slice repeated: many lines, messages, frames
-            j = min(len(out), i + rnd.randint(1, 64))
-            out[i:i] = out[i:j] * rnd.choice([2, 10, 300])
-        elif op == 3:
-            del out[i:]
-        elif op == 4:
-            other = rnd.choice(corpus)
-            out[i:] = other[rnd.randint(0, len(other)):]
-        else:
-            del out[i:i + rnd.randint(1, 8)]
-    return bytes(out[:256 << 10])
+mutate = byte_mutator(PREFIXES, repeats=(2, 10, 300), cap=256 << 10)
 
 
 class TestBackfillFiles:

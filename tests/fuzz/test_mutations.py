@@ -15,7 +15,6 @@ from __future__ import annotations
 import gzip
 import json
 import os
-import random
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -34,7 +33,7 @@ from pipeline.pyroscope import ingest, pprof
 from pipeline.receivers import pyroscope
 from tests.fuzz import strategies as S
 from tests.fuzz.storable import storable
-from tests.fuzz.support import PROFILE, run_mutants
+from tests.fuzz.support import PROFILE, byte_mutator, run_mutants
 from tests.fuzz.test_decoders import CFG, SMALL, _profiles, _traces
 
 MUTANTS = int(os.environ.get("SPANPROF_FUZZ_MUTATIONS",
@@ -44,29 +43,9 @@ MAX_INPUT = 256 << 10
 VARINTS = [b"\xff" * 9 + b"\x01", b"\x80" * 9 + b"\x01", b"\xff\xff\xff\xff\x0f", b"\x00"]
 
 
-def _mutate(rnd: random.Random, data: bytes, corpus: list[bytes]) -> bytes:
-    out = bytearray(data)
-    for _ in range(rnd.randint(1, 4)):
-        i = rnd.randint(0, len(out)) if out else 0
-        op = rnd.randrange(7)
-        if op == 0 and out:
-            out[min(i, len(out) - 1)] = rnd.randrange(256)
-        elif op == 1:
-            out[i:i] = rnd.choice(VARINTS)
-        elif op == 2 and out:  # a slice repeated: many samples, frames, lines, labels
-            j = min(len(out), i + rnd.randint(1, 64))
-            out[i:i] = out[i:j] * rnd.choice([2, 10, 1000])
-        elif op == 3:
-            del out[i:]
-        elif op == 4:
-            other = rnd.choice(corpus)
-            k = rnd.randint(0, len(other))
-            out[i:] = other[k:]
-        elif op == 5:
-            out[i:i] = rnd.choice([b"\xed\xa0\x80", b"\\ud800", b"\xff", b"[" * 200, b"\xc2\xb2"])
-        else:
-            del out[i:i + rnd.randint(1, 8)]
-    return bytes(out[:MAX_INPUT])
+# VARINTS at any place; then bad UTF-8, lone surrogates (raw and escaped), deep nesting
+_mutate = byte_mutator(VARINTS, odd=[b"\xed\xa0\x80", b"\\ud800", b"\xff", b"[" * 200,
+                                     b"\xc2\xb2"], cap=MAX_INPUT)
 
 
 def _examples(strategy: Any, n: int) -> list[Any]:
