@@ -9,21 +9,26 @@ every tenant has its own label."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as tps
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
+from pipeline.otlp.builder import ProfileBuilder
 from tests.conftest import ROOT, SpanprofProcess, wait_until
-from tests.e2e.test_auth import APP, CONFIG
+from tests.e2e.otlp_clients import profiles_stub, traces_stub
+from tests.e2e.test_auth import APP, CONFIG, TEAM_A, TEAM_B
 
 pytestmark = pytest.mark.e2e
-TEAM_A = "tok-team-a-3f9c2b7d81e4a6c0"
-TEAM_B = "tok-team-b-8d1e5a2f0c7b9e34"
 OPS = "tok-ops-ops-77aa1f0e9d2c7b61"
 SEED = 20261206
 
@@ -57,6 +62,14 @@ def spans(sp: SpanprofProcess, token: str, query: str = "") -> list[dict[str, An
                        token)
     assert status == 200, body
     return body["spans"]  # type: ignore[no-any-return]
+
+
+def cli_top(sp: SpanprofProcess, *extra: str, env: dict[str, str] | None = None
+            ) -> subprocess.CompletedProcess[str]:
+    """``spanprof top`` against ``sp``'s admin API, as a user runs it."""
+    return subprocess.run([sys.executable, "-m", "pipeline.cli", "top", "--admin", sp.admin,
+                           *extra], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, **(env or {})})
 
 
 def crunch_cpu(rows: list[dict[str, Any]], crunch: list[list[str]]) -> int:
@@ -119,10 +132,8 @@ class TestTenants:
 
         # the CLI: the token's tenant
         for token, mine, theirs in ((TEAM_A, "svc-a", "svc-b"), (TEAM_B, "svc-b", "svc-a")):
-            out = subprocess.run(
-                [sys.executable, "-m", "pipeline.cli", "top", "--admin", sp.admin, "--token",
-                 token, "--method", "all", "--limit", "100", "--format", "json"],
-                cwd=ROOT, capture_output=True, text=True, timeout=60)
+            out = cli_top(sp, "--token", token, "--method", "all", "--limit", "100",
+                          "--format", "json")
             assert out.returncode == 0, out.stderr
             services = {r["service"] for r in json.loads(out.stdout)}
             assert services == {mine}, (services, theirs)
@@ -141,16 +152,9 @@ class TestOrgIdWithoutAuth:
         """Auth off (the embedded default): two tenants named by X-Scope-OrgID send the same
         trace and span ids with different CPU; the CLI's --tenant (SPANPROF_TENANT) reads
         each one's, and without it the default tenant, which has nothing."""
-        import grpc
-        from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as tps
-        from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
-
-        from pipeline.otlp.builder import ProfileBuilder
-        from tests.e2e.otlp_clients import profiles_stub, traces_stub
-
         spanprof.start()
         tid, sid = bytes(range(1, 17)), bytes(range(1, 9))
-        t0 = (int(__import__("time").time()) - 60) * 1_000_000_000
+        t0 = (int(time.time()) - 60) * 1_000_000_000
         channel = grpc.insecure_channel(spanprof.grpc_target)
         for tenant, ms in (("team-x", 30), ("team-y", 7)):
             req = tps.ExportTraceServiceRequest()
@@ -167,24 +171,16 @@ class TestOrgIdWithoutAuth:
             profiles_stub(channel).Export(b.build(), timeout=30, metadata=md)
 
         def top(*extra: str, env: dict[str, str] | None = None) -> list[dict[str, Any]]:
-            import os
-
-            out = subprocess.run(
-                [sys.executable, "-m", "pipeline.cli", "top", "--admin", spanprof.admin,
-                 "--format", "json", *extra], cwd=ROOT, capture_output=True, text=True,
-                timeout=60, env={**os.environ, **(env or {})})
+            out = cli_top(spanprof, "--format", "json", *extra, env=env)
             assert out.returncode == 0, out.stderr
             return json.loads(out.stdout)  # type: ignore[no-any-return]
 
         wait_until(lambda: all(r["cpu_ns"] for t in ("team-x", "team-y")
                                for r in top("--tenant", t) or [{"cpu_ns": 0}]), timeout=60)
-        ((x,),) = [top("--tenant", "team-x")]
-        ((y,),) = [top(env={"SPANPROF_TENANT": "team-y"})]
+        (x,) = top("--tenant", "team-x")
+        (y,) = top(env={"SPANPROF_TENANT": "team-y"})
         assert (x["service"], x["cpu_ns"]) == ("team-x", 30_000_000)
         assert (y["service"], y["cpu_ns"]) == ("team-y", 7_000_000)
         assert top() == []  # the default tenant sent nothing
-        bad = subprocess.run(
-            [sys.executable, "-m", "pipeline.cli", "top", "--admin", spanprof.admin,
-             "--tenant", "x' OR 1=1 --"], cwd=ROOT, capture_output=True, text=True,
-            timeout=60)
+        bad = cli_top(spanprof, "--tenant", "x' OR 1=1 --")
         assert bad.returncode != 0 and "400" in bad.stderr
