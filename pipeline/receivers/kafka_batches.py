@@ -29,10 +29,15 @@ from pipeline.records import DEFAULT_TENANT, ProfileBatch, SpanBatch, concat
 Batch = SpanBatch | ProfileBatch
 
 
-def decode(signal: str, topic: str, value: bytes, metrics: Counter[str],
+def decode(signal: str, topic: str, value: bytes | None, metrics: Counter[str],
            log: Any) -> SpanBatch | ProfileBatch | None:
-    """One message's records; a message that is not valid OTLP is logged, counted in
-    ``metrics`` and skipped (None), items the decoder refused are counted."""
+    """One message's records; a message that is not valid OTLP (a tombstone, with no value
+    at all, included) is logged, counted in ``metrics`` and skipped (None), items the
+    decoder refused are counted."""
+    if value is None:
+        metrics["malformed_messages"] += 1
+        log.warning("kafka_message_malformed", topic=topic, error="no value (a tombstone)")
+        return None
     try:
         if signal == "traces":
             d: Any = decode_traces(tps.ExportTraceServiceRequest.FromString(value))

@@ -3,6 +3,10 @@ the same blocks after a crash, however the second reader's fetches are cut."""
 
 from __future__ import annotations
 
+from collections import Counter
+
+import structlog
+
 from pipeline.kafka.blocks import (
     MAX_PLAN_CHARS,
     Entry,
@@ -10,6 +14,7 @@ from pipeline.kafka.blocks import (
     decode_plan,
     encode_plan,
 )
+from pipeline.receivers.kafka_batches import decode
 
 
 def _entries(offsets: range, items: int = 10) -> list[Entry]:
@@ -117,3 +122,13 @@ class TestWaves:
         got = waves(batches, 10)  # type: ignore[arg-type]
         assert [[len(b) for b in w] for w in got] == [[8], [5, 5], [30], [1, 1]]
         assert waves([], 10) == []
+
+
+class TestDecode:
+    def test_tombstone_is_malformed_not_fatal(self) -> None:
+        """A record with no value at all (a tombstone, written by any producer) is counted
+        and skipped: it once raised TypeError out of the poll loop, at every restart."""
+        metrics: Counter[str] = Counter()
+        for signal in ("traces", "profiles"):
+            assert decode(signal, "t", None, metrics, structlog.get_logger()) is None
+        assert metrics["malformed_messages"] == 2
