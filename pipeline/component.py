@@ -57,6 +57,8 @@ class Store(Protocol):
 
     async def insert(self, table: str, data: list[list[Any]], columns: list[str]) -> None: ...
 
+    async def command(self, sql: str, parameters: dict[str, Any] | None = None) -> None: ...
+
 
 @dataclass
 class Context:

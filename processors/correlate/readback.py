@@ -89,7 +89,7 @@ FROM {{db}}.profile_samples WHERE {where} AND measure IN ('cpu', 'wall')""",
         samples.append(Sample(tid, sid, svc, int(tns), int(stack), measure, int(value),
                               int(count), stype, unit, int(thread), tname, sname, int(pid),
                               host, bool(timed)))
-    stacks = await _stacks(store, tenant, samples)
+    stacks = await stacks_of(store, tenant, samples)
     stored = Stored()
     await _stored(store, stored,
                   where + " AND method IN ('link', 'link+time', 'link+share')", trace_of,
@@ -97,7 +97,7 @@ FROM {{db}}.profile_samples WHERE {where} AND measure IN ('cpu', 'wall')""",
     return spans, samples, stacks, stored
 
 
-async def _stacks(store: Store, tenant: str, samples: list[Sample]) -> dict[int, Stack]:
+async def stacks_of(store: Store, tenant: str, samples: list[Sample]) -> dict[int, Stack]:
     """The leaf function of each stack of ``samples`` (all a replay needs of them), from
     ``tenant``'s stacks."""
     stacks: dict[int, Stack] = {}
@@ -194,7 +194,7 @@ FROM {db}.profile_samples WHERE tenant = {{tenant:String}} AND service = {{svc:S
 LIMIT {{n:UInt64}}""", n=MAX_SERVICE_SAMPLES + 1, **p)]
     if len(samples) > MAX_SERVICE_SAMPLES:
         return None
-    stacks = await _stacks(store, tenant, samples)
+    stacks = await stacks_of(store, tenant, samples)
     stored = Stored()
     keys = sorted({(s.trace_id.hex(), s.span_id.hex()) for s in spans})
     for i in range(0, len(keys), 10_000):

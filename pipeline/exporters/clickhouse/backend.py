@@ -42,8 +42,8 @@ class ClickHouseClient(Protocol):
     def query(self, sql: str, /, parameters: dict[str, Any] | None = None) -> QueryResult:
         """Run a statement that returns rows (``%(name)s`` / ``{name:Type}`` parameters)."""
 
-    def command(self, sql: str, /) -> object:
-        """Run a statement that returns no rows (DDL, ``OPTIMIZE``)."""
+    def command(self, sql: str, /, parameters: dict[str, Any] | None = None) -> object:
+        """Run a statement that returns no rows (DDL, ``OPTIMIZE``, ``DELETE``)."""
 
     def close(self) -> None:
         """Release the connection (the embedded engine: the data directory)."""

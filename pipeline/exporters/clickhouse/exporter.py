@@ -327,6 +327,16 @@ class ClickHouseExporter:
         await loop.run_in_executor(self.executor, lambda: client.insert(
             f"{self.cfg.database}.{table}", data, column_names=columns))
 
+    async def command(self, sql: str, parameters: dict[str, Any] | None = None) -> None:
+        """Run a statement that returns no rows on this exporter's connection (a backfill's
+        ``DELETE`` of the rows it replaces, ``pipeline.backfill``)."""
+        client = self.client
+        if client is None:
+            raise Retryable(f"{self.ctx.id}: not started")
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(
+            self.executor, lambda: client.command(sql, parameters=parameters or {}))
+
     async def shutdown(self) -> None:
         if self._stopped:
             return

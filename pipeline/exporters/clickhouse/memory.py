@@ -286,7 +286,7 @@ class MemoryClient(Faults):
         names, rows = self.answers.get(sql, ((), []))
         return self._call(lambda: MemoryResult(tuple(names), list(rows)))
 
-    def command(self, sql: str, /) -> None:
+    def command(self, sql: str, /, parameters: dict[str, Any] | None = None) -> None:
         self.commands.append(sql)
         self._call(lambda: None)
 
@@ -316,8 +316,8 @@ class FaultyClient(Faults):
     def query(self, sql: str, /, parameters: dict[str, Any] | None = None) -> QueryResult:
         return self._call(lambda: self.client.query(sql, parameters=parameters))
 
-    def command(self, sql: str, /) -> object:
-        return self._call(lambda: self.client.command(sql))
+    def command(self, sql: str, /, parameters: dict[str, Any] | None = None) -> object:
+        return self._call(lambda: self.client.command(sql, parameters=parameters))
 
     def close(self) -> None:
         self.client.close()
