@@ -25,6 +25,7 @@ from typing import Any
 
 import structlog
 
+from pipeline.backfill.cli import add_parser as add_backfill_parser
 from pipeline.config import RawConfig, load_file, schema_hook
 from pipeline.errors import ConfigError
 from pipeline.graph import build, create_extensions
@@ -337,6 +338,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--cluster", default="", help="emit ON CLUSTER, Replicated* and "
                    "Distributed tables for this cluster")
     s.set_defaults(func=cmd_schema)
+    add_backfill_parser(sub)
     return p
 
 
