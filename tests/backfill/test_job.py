@@ -7,6 +7,7 @@ One engine per process (chdb), so "live" and "backfilled" are two databases of i
 
 from __future__ import annotations
 
+import io
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import Any
 import pytest
 
 from pipeline.backfill import reattribute
-from pipeline.backfill.job import Job, job_id
+from pipeline.backfill.job import Job, Progress, job_id
 from pipeline.config import Duration
 from pipeline.exporters.clickhouse.exporter import ClickHouseExporter, Config
 from pipeline.registry import Context
@@ -214,3 +215,20 @@ def test_dataset_crosses_a_bucket() -> None:
     bucket = {s.start_ns // reattribute.BUCKET_NS for s in d.spans}
     assert len(bucket) == 2  # so units meet at a boundary
     assert time.time() > 0
+
+
+class TestProgress:
+    def test_bar_on_a_terminal_lines_otherwise(self) -> None:
+        class Tty(io.StringIO):
+            def isatty(self) -> bool:
+                return True
+
+        for out, bar in ((Tty(), True), (io.StringIO(), False)):
+            p = Progress(out, True)
+            p.phase("attribute", 3, 1)
+            p.step("labelled/default/0of2", 5_000, "done")
+            p.close()
+            text = out.getvalue()
+            assert "rows/s" in text
+            assert ("it/s" in text or "unit/s" in text or "%" in text) == bar
+            assert ("eta" in text) != bar  # tqdm prints its own remaining time
