@@ -73,6 +73,9 @@ class Service:
     async def stop(self) -> None:
         if self.admin is not None:
             self.admin.stopping = True
+            # a backfill job writes through the graph's exporter: it stops first (a job
+            # resumes where it was when submitted again)
+            await self.admin.stop_jobs()
         self.log.info("service_stopping")
         await self.loop_lag.stop()
         await self.graph.shutdown()

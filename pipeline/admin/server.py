@@ -1,4 +1,4 @@
-"""Admin HTTP API of a running pipeline (read-only).
+"""Admin HTTP API of a running pipeline (read-only, but for backfill jobs).
 
 The embedded engine can be opened by one process only, so questions about the data go to
 the running pipeline, which asks ClickHouse on its own connection::
@@ -10,6 +10,7 @@ the running pipeline, which asks ClickHouse on its own connection::
     GET /api/v1/functions?service=S&operation=O&since=1h&limit=N    functions by self CPU
     GET /api/v1/diff?service=S&operation=O&before=2h..1h&after=1h  which got more expensive
     GET /api/v1/stacks?trace_id=T&span_id=S | ?service=S&operation=O&since=1h   flame graph
+    POST /api/v1/backfill, GET /api/v1/backfill/{job}   backfill jobs (admin/backfill.py)
 
 ``method``: ``exact`` (link + link+time, the default), ``all``, or a comma-separated list.
 
@@ -39,6 +40,7 @@ import structlog
 from aiohttp import web
 
 from pipeline.admin import queries
+from pipeline.admin.backfill import BackfillJobs
 from pipeline.auth import TokenAuth
 from pipeline.config.tls import TlsConfig
 from pipeline.graph import Graph
@@ -78,6 +80,7 @@ class AdminServer:
         self.db = exporters.get(query_exporter) if query_exporter else \
             next(iter(exporters.values()), None)
         self.stopping = False
+        self.backfill: BackfillJobs | None = None
         self._runner: web.AppRunner | None = None
         self.port: int | None = None
 
@@ -90,6 +93,9 @@ class AdminServer:
         app.router.add_get("/api/v1/functions", self.functions)
         app.router.add_get("/api/v1/diff", self.diff)
         app.router.add_get("/api/v1/stacks", self.stacks)
+        if self.db is not None:
+            self.backfill = BackfillJobs(self.db, self.auth)
+            self.backfill.routes(app)
         host, _, port = self.endpoint.rpartition(":")
         self._runner, self.port = await serve(
             app, f"{host or '127.0.0.1'}:{port}", "service.admin.endpoint", self.limits,
@@ -98,7 +104,12 @@ class AdminServer:
         self.log.info("admin_listening", endpoint=self.endpoint, port=self.port,
                       tls=self.tls is not None)
 
+    async def stop_jobs(self) -> None:
+        if self.backfill is not None:
+            await self.backfill.stop()
+
     async def shutdown(self) -> None:
+        await self.stop_jobs()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None

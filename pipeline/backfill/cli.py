@@ -2,8 +2,11 @@
 
 The store is the config's ``clickhouse`` exporter (default ``config/local.yaml``), opened
 here with its sending queue off (a unit's rows are inserted when ``consume`` returns) and
-a short flush interval. The embedded engine opens in one process only: while ``spanprof
-run`` holds it, the command says so and exits 2.
+a short flush interval.
+
+While ``spanprof run`` holds the embedded store, the job is submitted to its admin API
+(``--admin``, ``SPANPROF_ADMIN``; ``SPANPROF_TOKEN`` / ``SPANPROF_CACERT`` as for the query
+commands) and followed there until it ends (``pipeline/admin/backfill.py``).
 
 Exit status: 0 when every unit is done and nothing was refused; 1 when a unit failed (its
 figures in the summary) or a file held something refused (named in the summary); 2 for a
@@ -15,8 +18,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import ssl
 import sys
 import time
+import urllib.error
+import urllib.request
 from typing import Any
 
 import msgspec
@@ -24,7 +31,7 @@ import msgspec
 from pipeline.auth import TENANT_RE
 from pipeline.backfill import files, job, reattribute
 from pipeline.config import load_file
-from pipeline.errors import ConfigError
+from pipeline.errors import ConfigError, InvalidData
 from pipeline.log import configure, redact
 from pipeline.registry import default_factories
 
@@ -60,21 +67,14 @@ def add_parser(sub: Any) -> None:
         c.add_argument("--dry-run", action="store_true",
                        help="print the units and what they would read; write nothing")
         c.add_argument("--format", choices=["text", "json"], default="text")
+        c.add_argument("--admin", default=os.environ.get("SPANPROF_ADMIN",
+                                                         "http://127.0.0.1:13133"),
+                       help="admin API of a `spanprof run` holding the embedded store: the "
+                            "job is submitted there")
         c.add_argument("--job", default=None,
                        help="the job's id (default: derived from the arguments); a job "
                             "started again with the same id resumes")
         c.set_defaults(func=cmd_backfill)
-
-
-def _methods(spec: str) -> tuple[str, ...]:
-    if spec == "all":
-        return reattribute.METHODS
-    got = tuple(m.strip() for m in spec.split(",") if m.strip())
-    bad = [m for m in got if m not in reattribute.METHODS]
-    if bad or not got:
-        raise SystemExit(f"error: --method: expected all or a list of "
-                         f"{', '.join(reattribute.METHODS)}, got {spec[:80]!r}")
-    return got
 
 
 def cmd_backfill(args: argparse.Namespace) -> int:
@@ -114,10 +114,13 @@ async def _main(args: argparse.Namespace, cfg: Any) -> int:
     try:
         await store.start()
     except ConfigError as err:
-        if ch.endpoint.startswith("chdb://"):
-            raise ConfigError(f"{err} (the embedded store opens in one process: is "
-                              "`spanprof run` using it?)") from None
-        raise
+        if not ch.endpoint.startswith("chdb://"):
+            raise
+        if args.source == "kafka" or args.dry_run:
+            raise ConfigError(f"{err} (the embedded store opens in one process and "
+                              "`spanprof run` may hold it; submit files or reattribute jobs "
+                              "to it, or stop it)") from None
+        return await asyncio.to_thread(_submit, args)
     try:
         return await _run(args, store, cfg)
     finally:
@@ -131,9 +134,10 @@ async def _run(args: argparse.Namespace, store: Any, cfg: Any) -> int:
     if args.source == "files":
         from pipeline.backfill.sources import FileSource
 
-        paths = files.expand(args.paths)
-        if not paths:
-            raise SystemExit(f"error: no files in {' '.join(args.paths)[:200]}")
+        try:
+            paths = files.expand(args.paths)
+        except InvalidData as err:
+            raise SystemExit(f"error: {err}") from None
         ttl = int(store.cfg.ttl)
         source = FileSource(paths, args.tenant or "default", args.service,
                             horizon_ns=(int(time.time()) - ttl) * 10**9 if ttl else 0)
@@ -150,7 +154,10 @@ async def _run(args: argparse.Namespace, store: Any, cfg: Any) -> int:
         except ValueError as err:
             raise SystemExit(f"error: {err}") from None
         span = (lo * 10**9, hi * 10**9)
-        methods = _methods(args.method)
+        try:
+            methods = reattribute.methods_of(args.method)
+        except ValueError as err:
+            raise SystemExit(f"error: --{err}") from None
         parts = [args.tenant, lo, hi, methods]
     if args.dry_run:
         out = await job.plan_only(store, source, span, args.tenant)
@@ -163,6 +170,63 @@ async def _run(args: argparse.Namespace, store: Any, cfg: Any) -> int:
                             tenant=args.tenant).run(source, span)
     _print(args, summary)
     return 1 if summary["failed"] or summary["refused"] else 0
+
+
+def _submit(args: argparse.Namespace) -> int:
+    """The job, to the running pipeline's admin API; its progress followed to the end."""
+    if args.source == "files":
+        body: dict[str, Any] = {"source": "files", "service": args.service,
+                                "paths": [os.path.abspath(p) for p in args.paths]}
+    else:
+        body = {"source": "reattribute", "range": args.range_, "method": args.method,
+                "all_tenants": args.tenant is None}
+    body["workers"] = args.workers
+    print(f"the embedded store is held by `spanprof run`: submitting to {args.admin}",
+          file=sys.stderr, flush=True)
+    jid = _admin(args, "POST", "/api/v1/backfill", body)["job"]
+    shown = ("", -1)
+    while True:
+        st = _admin(args, "GET", f"/api/v1/backfill/{jid}")
+        if (st["phase"], st["done"]) != shown:
+            shown = (st["phase"], st["done"])
+            print(f"  {st['phase'] or 'planning'}: {st['done']}/{st['total']} units",
+                  file=sys.stderr, flush=True)
+        if st["state"] != "running":
+            break
+        time.sleep(1.0)
+    if st["error"]:
+        print(f"error: job {jid}: {st['error']}", file=sys.stderr)
+        return 1
+    _print(args, st["summary"])
+    s = st["summary"]
+    return 1 if s["failed"] or s["refused"] else 0
+
+
+def _admin(args: argparse.Namespace, method: str, path: str,
+           body: dict[str, Any] | None = None) -> Any:
+    url = args.admin.rstrip("/") + path
+    cafile = os.environ.get("SPANPROF_CACERT") or None
+    context = ssl.create_default_context(cafile=cafile) if url.startswith("https:") else None
+    headers = {"Content-Type": "application/json"}
+    if token := os.environ.get("SPANPROF_TOKEN"):
+        headers["Authorization"] = f"Bearer {token}"
+    if args.tenant:
+        headers["X-Scope-OrgID"] = args.tenant
+    req = urllib.request.Request(url, method=method, headers=headers,
+                                 data=json.dumps(body).encode() if body is not None else None)
+    try:
+        with urllib.request.urlopen(req, timeout=30, context=context) as resp:
+            return json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        try:
+            msg = json.loads(err.read()).get("error", err.reason)
+        except ValueError:
+            msg = err.reason
+        raise SystemExit(f"error: {url}: {err.code} {msg}") from None
+    except (urllib.error.URLError, OSError) as err:
+        raise SystemExit(f"error: the embedded store is in use, and no admin API answers "
+                         f"at {args.admin} ({getattr(err, 'reason', err)}); set --admin or "
+                         "SPANPROF_ADMIN") from None
 
 
 def _kafka_source(args: argparse.Namespace, cfg: Any) -> job.Source:

@@ -94,9 +94,9 @@ def job_id(kind: str, parts: Sequence[object]) -> str:
 class Progress:
     """A bar with rate and ETA on a terminal (tqdm), a line per unit otherwise."""
 
-    def __init__(self, out: TextIO, enabled: bool) -> None:
+    def __init__(self, out: TextIO | None, enabled: bool) -> None:
         self.out = out
-        self.tty = enabled and out.isatty()
+        self.tty = enabled and out is not None and out.isatty()
         self.enabled = enabled
         self.bar: Any = None
         self.t0 = time.monotonic()
@@ -110,7 +110,7 @@ class Progress:
             from tqdm import tqdm
 
             self.bar = tqdm(total=total, initial=done, desc=name, unit="unit", file=self.out)
-        elif self.enabled:
+        elif self.enabled and self.out is not None:
             print(f"{name}: {total} units, {done} already done", file=self.out, flush=True)
 
     def step(self, unit: str, items: int, state: str) -> None:
@@ -120,7 +120,7 @@ class Progress:
         if self.bar is not None:
             self.bar.set_postfix_str(f"{rate:,.0f} rows/s")
             self.bar.update(1)
-        elif self.enabled:
+        elif self.enabled and self.out is not None:
             left = self.total - self.done
             eta = left * (time.monotonic() - self.t0) / max(self.done, 1)
             print(f"  {state} {unit} ({self.done}/{self.total}, {rate:,.0f} rows/s, "

@@ -33,6 +33,7 @@ starts the units touched (``aggregates.rebuild``, phase 3 of ``job``).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -54,6 +55,18 @@ TRACES_PER_UNIT = 10_000  # labelled units are planned this big (a DELETE per ta
 CHUNK_TRACES = 10_000  # traces read and replayed at a time within a unit
 BUCKET_NS = 600 * 10**9  # unlabelled units: 10 minutes of a service
 ROW_TABLES = ("span_attribution", "span_functions", "span_stacks")
+
+
+def methods_of(spec: str) -> tuple[str, ...]:
+    """``all`` or a comma-separated list of ``METHODS``: the rows a job recomputes.
+    ``ValueError`` naming what is allowed otherwise."""
+    if spec == "all":
+        return METHODS
+    got = tuple(m.strip() for m in spec.split(",") if m.strip())
+    if not got or [m for m in got if m not in METHODS]:
+        raise ValueError(f"method: expected all or a comma-separated list of "
+                         f"{', '.join(METHODS)}, got {spec[:80]!r}")
+    return got
 
 
 class Labelled(msgspec.Struct, tag="labelled", kw_only=True):
@@ -197,7 +210,7 @@ WHERE tenant = {{tenant:String}} AND {smp_r} AND trace_id = '' AND span_id != ''
         samples += await _orphan_samples(store, u.tenant, extra)
         if extra:
             stacks.update(await readback.stacks_of(store, u.tenant, samples))
-        rows = expected(spans, samples, stacks)
+        rows = await asyncio.to_thread(expected, spans, samples, stacks)
         _balance(fig, samples, rows, len(spans))
         out = [r for r in rows if r.method in keep]
         for r in out:
@@ -246,10 +259,11 @@ WHERE tenant = {{tenant:String}} AND ServiceName = {{svc:String}} AND {own_r}"""
     # apart (a sample's place does not depend on other samples) and written under two
     # sources, so that the rows of both for one span are kept side by side
     own = [s for s in samples if u.lo_ns <= s.time_ns < u.hi_ns]
-    rows = expected(spans, own, stacks)
+    rows = await asyncio.to_thread(expected, spans, own, stacks)
     fig = Figures()
     _balance(fig, own, rows, len(spans))
-    rest = expected(spans, [s for s in samples if not u.lo_ns <= s.time_ns < u.hi_ns], stacks)
+    rest = await asyncio.to_thread(
+        expected, spans, [s for s in samples if not u.lo_ns <= s.time_ns < u.hi_ns], stacks)
     keep = tuple(m for m in methods if m in (THREAD, WINDOW))
     owned = {(s.trace_id, s.span_id) for s in spans if u.lo_ns <= s.start_ns < u.hi_ns}
     out = []
