@@ -53,7 +53,8 @@ class Loader(msgspec.Struct, kw_only=True):
     id: str
     tenant: str
     spec: dict[str, Any]
-    size: int = 0  # bytes, for --dry-run and progress
+    size: int = 0  # bytes (a file), for --dry-run
+    messages: int = 0  # messages (a Kafka range; their bytes are not known unread)
 
 
 class Loaded(msgspec.Struct):
@@ -279,6 +280,8 @@ async def plan_only(store: Store, source: Source | None, span: tuple[int, int] |
     if source is not None:
         units = await source.units()
         out.update(load_units=len(units), bytes=sum(u.size for u in units))
+        if any(u.messages for u in units):
+            out["messages"] = sum(u.messages for u in units)
         return out
     assert span is not None
     units_ = await reattribute.plan(store, span[0], span[1], tenant)

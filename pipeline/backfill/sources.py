@@ -146,7 +146,7 @@ class KafkaSource(Source):
                 ranges = await src.plan(offsets=self.offsets, since=self.since,
                                         until=self.until)
             for r in split(ranges, UNIT_OFFSETS):
-                out.append(Loader(id=f"kafka/{r}", tenant=ANY_TENANT, size=r.messages,
+                out.append(Loader(id=f"kafka/{r}", tenant=ANY_TENANT, messages=r.messages,
                                   spec={"topic": r.topic, "partition": r.partition,
                                         "start": r.start, "end": r.end}))
         return out

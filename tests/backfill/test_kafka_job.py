@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from pipeline.backfill.job import Job
+from pipeline.backfill.job import Job, plan_only
 from pipeline.backfill.sources import KafkaSource
 from pipeline.exporters.clickhouse.exporter import ClickHouseExporter
 from pipeline.exporters.kafka import Config as ExporterConfig
@@ -69,6 +70,16 @@ async def gateway_writes(bootstrap: str, topics: tuple[str, str], data: Data,
         await ex.shutdown()
 
 
+async def end_offsets(bootstrap: str, topics: tuple[str, ...]) -> int:
+    c = AIOKafkaConsumer(bootstrap_servers=bootstrap)
+    await c.start()
+    try:
+        tps = [TopicPartition(t, p) for t in topics for p in range(3)]
+        return sum((await c.end_offsets(tps)).values())
+    finally:
+        await c.stop()
+
+
 async def test_kafka_replay_is_live(kafka_broker: Any, topics: tuple[str, str],
                                     stores: tuple[ClickHouseExporter, ...]) -> None:
     live_db, bf = stores
@@ -89,5 +100,9 @@ async def test_kafka_replay_is_live(kafka_broker: Any, topics: tuple[str, str],
         want = await per_span(live_db, tenant)
         assert want and await per_span(bf, tenant) == want, tenant
     once = await snapshot(bf)
+    dry = await plan_only(bf, KafkaSource(cfg, list(topics)), None, None)
+    # a unit per partition of each topic, and what the topics hold (their end offsets)
+    ends = await end_offsets(kafka_broker.bootstrap, topics)
+    assert dry["load_units"] == 6 and dry["messages"] == ends > 0, dry
     await Job(bf, bf.consume, "kafka-2").run(KafkaSource(cfg, list(topics)))
     assert await snapshot(bf) == once
