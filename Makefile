@@ -33,6 +33,7 @@ bench: venv
 	$(BIN)/python bench/bench_kafka.py
 	$(BIN)/python bench/accuracy.py
 	$(BIN)/python bench/bench_storage.py
+	$(BIN)/python bench/bench_backfill.py
 	$(BIN)/python bench/bench_security.py
 	@# the gateway against the OpenTelemetry Collector, same load, one core each (last line:
 	@# the cpu/span ratio); the harness lives beside the project on the team's machines
