@@ -138,12 +138,15 @@ async def plan(store: Store, lo_ns: int, hi_ns: int, tenant: str | None = None
         _range(lo_ns, hi_ns).format(col="time")
     units: list[Labelled | Unlabelled] = []
     for t, count in await _rows(store, f"""
-SELECT tenant, uniqExact(key) FROM (
+SELECT tenant, uniqExactIf(key, key != '') FROM (
     SELECT tenant, TraceId AS key FROM {{db}}.otel_traces WHERE {span_r} {where_t}
     UNION ALL
-    SELECT tenant, if(trace_id != '', trace_id, span_id) AS key FROM {{db}}.profile_samples
+    SELECT tenant, trace_id AS key FROM {{db}}.profile_samples
     WHERE {smp_r} AND span_id != '' {where_t}
 ) GROUP BY tenant ORDER BY tenant""", **p):
+        # units sized by traces: samples labelled with a span id alone (key '') mostly
+        # belong to a stored span's trace; the others, orphans, are hashed by span id, and
+        # a tenant with only those still has its one unit
         n = max(1, -(-int(count) // TRACES_PER_UNIT))
         units += [Labelled(tenant=str(t), lo_ns=lo_ns, hi_ns=hi_ns, k=k, n=n) for k in range(n)]
     # a service's buckets with a span start or an unlabelled sample in them: a bucket
@@ -206,7 +209,8 @@ WHERE tenant = {{tenant:String}} AND {smp_r} AND trace_id = '' AND span_id != ''
         extra = orphans if i == 0 else []
         if not chunk and not extra:
             continue
-        spans, samples, stacks, _ = await readback.load(store, u.tenant, chunk)
+        spans, samples, stacks, _ = await readback.load(store, u.tenant, chunk,
+                                                            with_stored=False)
         samples += await _orphan_samples(store, u.tenant, extra)
         if extra:
             stacks.update(await readback.stacks_of(store, u.tenant, samples))
@@ -248,7 +252,8 @@ async def _unlabelled(store: Store, u: Unlabelled, methods: tuple[str, ...], sen
 SELECT max(toUnixTimestamp64Nano(Timestamp) + Duration) FROM {{db}}.otel_traces
 WHERE tenant = {{tenant:String}} AND ServiceName = {{svc:String}} AND {own_r}""", **p)
     lo, hi = u.lo_ns - MARGIN_NS, max(u.hi_ns, int(end or 0)) + MARGIN_NS
-    got = await readback.load_unlabelled(store, u.tenant, u.service, lo, hi)
+    got = await readback.load_unlabelled(store, u.tenant, u.service, lo, hi,
+                                         with_stored=False)
     if got is None:
         raise Unbalanced(f"{u.id}: more spans or samples than a unit replays "
                          f"({readback.MAX_SERVICE_SPANS} spans, {readback.MAX_SERVICE_SAMPLES} "

@@ -59,10 +59,10 @@ SELECT tenant, t, max(at) AS last FROM (
     return traces[:MAX_TRACES], max(0, len(traces) - MAX_TRACES)
 
 
-async def load(store: Store, tenant: str, traces: list[str]
+async def load(store: Store, tenant: str, traces: list[str], with_stored: bool = True
                ) -> tuple[list[Span], list[Sample], dict[int, Stack], Stored]:
     """Every span and labelled sample of these traces of ``tenant``, and what is stored
-    for them."""
+    for them (left empty with ``with_stored=False``: a backfill replaces it unread)."""
     spans = [Span(bytes.fromhex(t), bytes.fromhex(s), bytes.fromhex(p), name, 0, svc,
                   int(start), int(start) + int(dur),
                   resource_attributes={k: v for k, v in (("process.pid", pid),
@@ -91,6 +91,8 @@ FROM {{db}}.profile_samples WHERE {where} AND measure IN ('cpu', 'wall')""",
                               host, bool(timed)))
     stacks = await stacks_of(store, tenant, samples)
     stored = Stored()
+    if not with_stored:
+        return spans, samples, stacks, stored
     await _stored(store, stored,
                   where + " AND method IN ('link', 'link+time', 'link+share')", trace_of,
                   {"tenant": tenant, "t": traces, "s": ids})
@@ -160,11 +162,12 @@ ORDER BY tenant, service""", w=int(since))
              int(hi) - int(hi) % MINUTE_NS + MINUTE_NS) for tenant, svc, lo, hi in got]
 
 
-async def load_unlabelled(store: Store, tenant: str, service: str, lo: int, hi: int
+async def load_unlabelled(store: Store, tenant: str, service: str, lo: int, hi: int,
+                          with_stored: bool = True
                           ) -> tuple[list[Span], list[Sample], dict[int, Stack], Stored] | None:
     """The spans of ``tenant``'s ``service`` open in [lo, hi), its unlabelled samples taken
-    then, and what is stored for them (approximate methods, unattributed minutes); None
-    beyond the limits."""
+    then, and what is stored for them (approximate methods, unattributed minutes; left
+    empty with ``with_stored=False``); None beyond the limits."""
     p = {"tenant": tenant, "svc": service, "lo": lo, "hi": hi}
     spans = [Span(bytes.fromhex(t), bytes.fromhex(s), bytes.fromhex(par), name, 0, service,
                   int(start), int(start) + int(dur),
@@ -196,6 +199,8 @@ LIMIT {{n:UInt64}}""", n=MAX_SERVICE_SAMPLES + 1, **p)]
         return None
     stacks = await stacks_of(store, tenant, samples)
     stored = Stored()
+    if not with_stored:
+        return spans, samples, stacks, stored
     keys = sorted({(s.trace_id.hex(), s.span_id.hex()) for s in spans})
     for i in range(0, len(keys), 10_000):
         chunk = {"tenant": tenant, "t": [k[0] for k in keys[i:i + 10_000]],
