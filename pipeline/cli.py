@@ -25,6 +25,7 @@ from typing import Any
 
 import structlog
 
+from pipeline import why_text
 from pipeline.backfill.cli import add_parser as add_backfill_parser
 from pipeline.config import RawConfig, load_file, schema_hook
 from pipeline.errors import ConfigError
@@ -267,6 +268,30 @@ def cmd_flamegraph(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_why(args: argparse.Namespace) -> int:
+    if args.slowest and args.slower_than:
+        raise SystemExit("error: give --slowest or --slower-than, not both")
+    params = {"service": args.service, "operation": args.operation, "range": args.range,
+              "method": args.method, "limit": args.limit,
+              "stacks": "1" if args.format == "svg" else None}
+    if args.slower_than:
+        params["slower_than"] = args.slower_than
+    else:
+        params["slowest"] = args.slowest or "1%"
+    data = _get(args, "/api/v1/why", params)
+    if args.format == "json":
+        print(json.dumps(data, indent=2))
+    elif args.format == "svg":
+        if not data.get("stacks"):
+            raise SystemExit("error: no CPU samples in the tail to draw")
+        with open(args.output, "w", encoding="utf-8") as f:
+            f.write(why_text.svg(data))
+        print(f"wrote {args.output}: {len(data['stacks'])} stacks, tail {data['rule']}")
+    else:
+        sys.stdout.write(why_text.text(data))
+    return 0
+
+
 def cmd_schema(args: argparse.Namespace) -> int:
     if args.what == "config":
         import msgspec
@@ -331,6 +356,19 @@ def parser() -> argparse.ArgumentParser:
     f.add_argument("--since", default="1h")
     f.add_argument("-o", "--output", default="flamegraph.svg")
     f.set_defaults(func=cmd_flamegraph)
+    w = sub.add_parser("why", help="why an operation's slowest calls are slow: what sets "
+                       "them apart from its typical calls")
+    _admin_args(w)
+    w.add_argument("--service", required=True)
+    w.add_argument("--operation", required=True)
+    w.add_argument("--range", default="1h", help="1h (the last hour), 2h..1h, ISO..ISO")
+    w.add_argument("--slowest", help="the tail: this share of the calls (1%%, the default)")
+    w.add_argument("--slower-than", help="the tail: calls slower than this (1s, 250ms)")
+    w.add_argument("--method", default="exact", help=method_help)
+    w.add_argument("--limit", type=int, default=20)
+    w.add_argument("--format", choices=["text", "json", "svg"], default="text")
+    w.add_argument("-o", "--output", default="why.svg", help="with --format svg")
+    w.set_defaults(func=cmd_why)
     s = sub.add_parser("schema", help="print the ClickHouse DDL or the config JSON Schema")
     s.add_argument("what", choices=["print", "config"])
     s.add_argument("--database", default="spanprof")

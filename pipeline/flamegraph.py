@@ -117,7 +117,8 @@ def nested_set(root: Frame) -> list[tuple[int, int, int, str]]:
     return rows
 
 
-def render_svg(root: Frame, title: str, unit: str = "ns", width: int = 1200) -> str:
+def render_svg(root: Frame, title: str, unit: str = "ns", width: int = 1200,
+               base: Frame | None = None) -> str:
     """A standalone SVG icicle graph: the root at the TOP, callees stacked below callers.
 
     Each frame is a ``<g class="frame" data-name=... data-value=... data-level=...>`` holding
@@ -127,6 +128,11 @@ def render_svg(root: Frame, title: str, unit: str = "ns", width: int = 1200) -> 
     name from their parent's x; frames under ``MIN_FRAME_WIDTH`` px are dropped with their
     subtree. ``unit`` is the unit of the values: ns, us, ms or s are shown converted to
     ms; any other (e.g. "samples") is shown as is. A tree with no value draws no frames.
+
+    With ``base``, a differential graph: widths are ``root``'s, and each frame's colour
+    says how its value compares with the same path in ``base`` (red: more than there,
+    blue: less, the deeper the larger the difference against the frame's own value);
+    ``data-delta`` and the hover title carry the difference.
     """
     total = root.value
     avail = float(width - 2 * MARGIN)
@@ -135,19 +141,22 @@ def render_svg(root: Frame, title: str, unit: str = "ns", width: int = 1200) -> 
 
     body: list[str] = []
     depth = 0
-    todo: list[tuple[int, float, Frame]] = [(0, float(MARGIN), root)]
+    todo: list[tuple[int, float, Frame, Frame | None]] = [(0, float(MARGIN), root, base)]
     while todo:
-        level, x, frame = todo.pop()
+        level, x, frame, other = todo.pop()
         w = frame.value * scale
         if w < MIN_FRAME_WIDTH:
             continue
         depth = max(depth, level + 1)
-        body.append(_frame_svg(frame, level, x, top + level * ROW_HEIGHT, w, total, unit))
-        placed: list[tuple[int, float, Frame]] = []
+        delta = None if base is None else frame.value - (other.value if other else 0)
+        body.append(_frame_svg(frame, level, x, top + level * ROW_HEIGHT, w, total, unit,
+                               delta))
+        placed: list[tuple[int, float, Frame, Frame | None]] = []
         cx = x
         for name in sorted(frame.children):
             child = frame.children[name]
-            placed.append((level + 1, cx, child))
+            placed.append((level + 1, cx, child,
+                           other.children.get(name) if other is not None else None))
             cx += child.value * scale
         todo.extend(reversed(placed))  # pop in name order: document order is depth first
 
@@ -182,19 +191,20 @@ def parse_svg_frames(svg: str) -> list[tuple[str, int, float, float]]:
 
 
 def _frame_svg(frame: Frame, level: int, x: float, y: int, w: float, total: int,
-               unit: str) -> str:
+               unit: str, delta: int | None = None) -> str:
     name = _esc(frame.name)
     share = 100.0 * frame.value / total
-    if unit in _TO_MS:
-        amount = f"{frame.value * _TO_MS[unit]:.3f} ms"
-    else:
-        amount = f"{frame.value} {_esc(unit)}"
+    amount, fill, extra, attr = _amount(frame.value, unit), _color(frame.name), "", ""
+    if delta is not None:
+        fill = _diff_color(delta, frame.value)
+        extra = f", {'+' if delta >= 0 else '-'}{_amount(abs(delta), unit)} vs base"
+        attr = f' data-delta="{delta}"'
     parts = [
         f'<g class="frame" data-name="{name}" data-value="{frame.value}" '
-        f'data-level="{level}">',
-        f"<title>{name} ({amount}, {share:.2f}%)</title>",
+        f'data-level="{level}"{attr}>',
+        f"<title>{name} ({amount}, {share:.2f}%{extra})</title>",
         f'<rect x="{x:.3f}" y="{y}" width="{w:.3f}" height="{ROW_HEIGHT - 1}" '
-        f'fill="{_color(frame.name)}"/>',
+        f'fill="{fill}"/>',
     ]
     label = _label(frame.name, w)
     if label:
@@ -202,6 +212,19 @@ def _frame_svg(frame: Frame, level: int, x: float, y: int, w: float, total: int,
                      f"{_esc(label)}</text>")
     parts.append("</g>")
     return "".join(parts)
+
+
+def _amount(value: int, unit: str) -> str:
+    return f"{value * _TO_MS[unit]:.3f} ms" if unit in _TO_MS else f"{value} {_esc(unit)}"
+
+
+def _diff_color(delta: int, value: int) -> str:
+    """Red for more than the base, blue for less, white for the same; saturated when the
+    difference is the frame's whole value."""
+    k = min(1.0, abs(delta) / value) if value > 0 else 1.0
+    fade = int(255 * (1 - 0.8 * k))
+    return f"rgb(255,{fade},{fade})" if delta > 0 else \
+        f"rgb({fade},{fade},255)" if delta < 0 else "rgb(235,235,235)"
 
 
 def _label(name: str, w: float) -> str:

@@ -10,6 +10,7 @@ the running pipeline, which asks ClickHouse on its own connection::
     GET /api/v1/functions?service=S&operation=O&since=1h&limit=N    functions by self CPU
     GET /api/v1/diff?service=S&operation=O&before=2h..1h&after=1h  which got more expensive
     GET /api/v1/stacks?trace_id=T&span_id=S | ?service=S&operation=O&since=1h   flame graph
+    GET /api/v1/why?service=S&operation=O&range=1h&slowest=1%|slower_than=1s[&stacks=1]  tail
     POST /api/v1/backfill, GET /api/v1/backfill/{job}   backfill jobs (admin/backfill.py)
 
 ``method``: ``exact`` (link + link+time, the default), ``all``, or a comma-separated list.
@@ -39,9 +40,10 @@ import msgspec
 import structlog
 from aiohttp import web
 
-from pipeline.admin import queries
+from pipeline.admin import queries, why
 from pipeline.admin.backfill import BackfillJobs
 from pipeline.auth import TokenAuth
+from pipeline.config import Duration
 from pipeline.config.tls import TlsConfig
 from pipeline.graph import Graph
 from pipeline.log import redact
@@ -93,6 +95,7 @@ class AdminServer:
         app.router.add_get("/api/v1/functions", self.functions)
         app.router.add_get("/api/v1/diff", self.diff)
         app.router.add_get("/api/v1/stacks", self.stacks)
+        app.router.add_get("/api/v1/why", self.why)
         if self.db is not None:
             self.backfill = BackfillJobs(self.db, self.auth)
             self.backfill.routes(app)
@@ -220,6 +223,18 @@ class AdminServer:
                                                   tenant=_tenant(request))
         return await self._answer(request, work)
 
+    async def why(self, request: web.Request) -> web.Response:
+        async def work(q: Any, now: float) -> Any:
+            service = str(_text(q, "service", True))
+            operation = str(_text(q, "operation", True))
+            rng, limit, method = _range(q, "range", now, "1h"), _limit(q), _method(q)
+            slowest, slower_than = _tail_rule(q)
+            return await why.why(self._db(), self._database(), service, operation, rng,
+                                 slowest=slowest, slower_than_ns=slower_than, method=method,
+                                 limit=limit, stacks=q.get("stacks") in ("1", "true"),
+                                 tenant=_tenant(request))
+        return await self._answer(request, work)
+
     async def trace(self, request: web.Request) -> web.Response:
         async def work(q: Any, now: float) -> Any:
             tid = _hex_id(request.match_info["trace_id"], "trace_id", 32)
@@ -293,6 +308,31 @@ def _range(q: Any, name: str, now: float, default: str | None = None) -> tuple[i
         return queries.parse_range(spec, now, name)
     except ValueError as err:
         raise _BadRequest(str(err)) from None
+
+
+def _tail_rule(q: Any) -> tuple[float | None, int | None]:
+    """``slowest`` (``1%`` or ``0.01``: up to half of the calls; the default, 1%) or
+    ``slower_than`` (a duration: ``1s``, ``250ms``), not both."""
+    slowest, slower = _param(q, "slowest"), _param(q, "slower_than")
+    if slowest and slower:
+        raise _BadRequest("slowest: give slowest or slower_than, not both")
+    if slower:
+        try:
+            ns = int(Duration.parse(slower) * 1e9)
+        except ValueError as err:
+            raise _BadRequest(f"slower_than: {err}") from None
+        if not 0 <= ns < 2**63:
+            raise _BadRequest("slower_than: out of range")
+        return None, ns
+    text = (slowest or "1%").strip()
+    try:
+        frac = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except ValueError:
+        raise _BadRequest("slowest: expected a share of the calls such as 1% or 0.01") \
+            from None
+    if not 0 < frac <= 0.5:
+        raise _BadRequest("slowest: expected more than 0 and at most 50%")
+    return frac, None
 
 
 def _method(q: Any) -> str:

@@ -260,8 +260,9 @@ def receiver_request(draw: Any, paths: list[str]) -> bytes:
 
 
 ADMIN_PATHS = ["/api/v1/spans", "/api/v1/functions", "/api/v1/diff", "/api/v1/stacks",
-               "/health", "/metrics"]
-QUERY_PATHS = ["/api/v1/functions", "/api/v1/diff", "/api/v1/stacks"]  # the ranged ones
+               "/api/v1/why", "/health", "/metrics"]
+QUERY_PATHS = ["/api/v1/functions", "/api/v1/diff", "/api/v1/stacks",
+               "/api/v1/why"]  # the ranged ones
 RANGES = st.one_of(
     st.sampled_from(["1900-01-01T00:00:00..", "1900-01-01T00:00:00..2000-01-01", "1h",
                      "1969-12-31T23:59:59..1h", "2106-02-08..2200-01-01", "2h..1h",
@@ -281,7 +282,12 @@ NAMES = st.one_of(st.sampled_from(["svc", "GET /", "\x00", "a\x00b", "\ud800", "
 ADMIN_PARAMS = {"since": RANGES, "before": RANGES, "after": RANGES, "limit": LIMITS,
                 "service": NAMES, "operation": NAMES, "trace_id": IDS, "span_id": IDS,
                 "method": st.sampled_from(["exact", "all", "link,thread", ",", "nope", "\x00"]),
-                "order": st.sampled_from(["cpu", "inclusive", "duration", "off_cpu", "x"])}
+                "order": st.sampled_from(["cpu", "inclusive", "duration", "off_cpu", "x"]),
+                "range": RANGES, "stacks": st.sampled_from(["1", "x"]),
+                "slowest": st.one_of(st.sampled_from(["1%", "50%", "50.1%", "0", "-1%", "nan%",
+                                                      "inf", "1e-300", "%", "0.5"]),
+                                     HOSTILE_TEXT),
+                "slower_than": st.one_of(RANGES, st.sampled_from(["1s", "0s", "1e30s"]))}
 
 
 @st.composite

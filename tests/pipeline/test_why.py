@@ -1,0 +1,282 @@
+"""``why`` (issue #21) on the real embedded engine: an operation where 2% of the calls burn
+CPU in a function the others never run, and carry an oversized cart; one where 2% of the
+calls wait (a lock: wall time in a function, CPU as the others); two tenants with the same
+ids. Figures are checked exactly where they are exact (totals, means) and by their marks
+where they are statistical (intervals, ``few``)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pipeline import cli, flamegraph
+from pipeline.admin import why
+from pipeline.admin.server import AdminServer
+from pipeline.exporters.clickhouse.exporter import ClickHouseExporter, Config
+from pipeline.graph import Graph, Node
+from pipeline.records import (
+    Attribution,
+    AttributionBatch,
+    ProfileBatch,
+    Span,
+    SpanBatch,
+    Stack,
+)
+from pipeline.registry import Context
+
+MS = 1_000_000
+NOW_S = int(time.time()) // 60 * 60 - 1800
+T0 = NOW_S * 1_000_000_000
+RANGE = (NOW_S - 60, NOW_S + 3600)
+CALLS = 200
+SLOW = {3, 50, 99, 150}  # 2% of the calls
+HANDLE, SLOW_PATH, LOCK = 11, 12, 13  # stack ids: leaf handle / slow_path / lock_wait
+STACKS = {HANDLE: Stack(HANDLE, ["handle", "main"], [], []),
+          SLOW_PATH: Stack(SLOW_PATH, ["slow_path", "handle", "main"], [], []),
+          LOCK: Stack(LOCK, ["lock_wait", "handle", "main"], [], [])}
+
+
+def ids(i: int, salt: int = 0) -> tuple[bytes, bytes]:
+    return (i + 1 + salt * 1000).to_bytes(16, "big"), (i + 1).to_bytes(8, "big")
+
+
+def row(tid: bytes, sid: bytes, name: str, start: int, dur: int, cpu: dict[int, int],
+        wall: dict[int, int], fns: dict[int, str]) -> Attribution:
+    c, w = sum(cpu.values()), sum(wall.values())
+    return Attribution(tid, sid, "link", "shop", name, b"", start, dur, True, c, w,
+                       max(1, c // (10 * MS)),
+                       {fns[k]: v for k, v in cpu.items()},
+                       {fns[k]: v for k, v in wall.items()}, 1, c,
+                       {k: v for k, v in cpu.items()}, {k: v for k, v in wall.items()})
+
+
+def burning(tenant_salt: int = 0) -> tuple[list[Span], list[Attribution]]:
+    """place order: typical calls 150-250 ms with 90-110 ms in handle; the SLOW ones 3 s,
+    2.5 s of it in slow_path (plus handle's 100 ms) and a cart of 400 items."""
+    rnd = random.Random(7)
+    spans, attrs = [], []
+    for i in range(CALLS):
+        tid, sid = ids(i, tenant_salt)
+        start = T0 + i * 10 * MS
+        slow = i in SLOW
+        dur = 3000 * MS if slow else rnd.randint(150, 250) * MS
+        cart = 400 + i % 3 if slow else rnd.randint(1, 5)
+        spans.append(Span(tid, sid, b"", "place order", 2, "shop", start, start + dur,
+                          attributes={"cart.size": str(cart), "request.id": f"r{i}",
+                                      "region": rnd.choice(["eu", "us"])}))
+        cpu = {HANDLE: 100 * MS if slow else rnd.randint(90, 110) * MS}
+        if slow:
+            cpu[SLOW_PATH] = 2500 * MS
+        attrs.append(row(tid, sid, "place order", start, dur, cpu, {},
+                         {HANDLE: "handle", SLOW_PATH: "slow_path"}))
+    return spans, attrs
+
+
+def waiting() -> tuple[list[Span], list[Attribution]]:
+    """get cart: the same CPU in every call (50 ms in handle); the SLOW ones last 2 s,
+    1.9 s of it waiting in lock_wait (wall), the others 60 ms (10 ms of wall waiting)."""
+    spans, attrs = [], []
+    for i in range(CALLS):
+        tid, sid = ids(i, 5)
+        start = T0 + i * 10 * MS
+        slow = i in SLOW
+        dur = 2000 * MS if slow else 60 * MS
+        spans.append(Span(tid, sid, b"", "get cart", 2, "shop", start, start + dur))
+        wait = 1900 * MS if slow else 10 * MS
+        attrs.append(row(tid, sid, "get cart", start, dur, {HANDLE: 50 * MS},
+                         {HANDLE: 50 * MS, LOCK: wait}, {HANDLE: "handle", LOCK: "lock_wait"}))
+    return spans, attrs
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[ClickHouseExporter]:
+    ex = ClickHouseExporter(Config(endpoint=f"chdb://{tmp_path}/ch", flush_interval=0.05,
+                                   ttl=0),
+                            Context("clickhouse", ["traces"], data_dir=str(tmp_path)))
+    try:
+        await ex.start()
+        for tenant, (spans, attrs) in (("default", burning()), ("default", waiting()),
+                                       ("other", burning(tenant_salt=0))):
+            if tenant == "other":  # same ids, but the tail burns in handle, not slow_path,
+                for sp in spans:  # and every cart is of one item
+                    sp.attributes = {**sp.attributes, "cart.size": "1"}
+                for a in attrs:
+                    if SLOW_PATH in a.stack_cpu_ns:
+                        a.stack_cpu_ns = {HANDLE: a.cpu_ns}
+                        a.self_cpu_ns = {"handle": a.cpu_ns}
+            await ex.consume(SpanBatch(spans, tenant=tenant))
+            await ex.consume(ProfileBatch([], STACKS, tenant=tenant))
+            await ex.consume(AttributionBatch(attrs, tenant=tenant))
+        yield ex
+    finally:
+        await ex.shutdown()
+
+
+async def ask(db: ClickHouseExporter, operation: str, tenant: str = "default",
+              **kw: Any) -> dict[str, Any]:
+    kw.setdefault("slowest", 0.02)
+    return await why.why(db, "spanprof", "shop", operation, RANGE, tenant=tenant, **kw)
+
+
+class TestBurning:
+    async def test_the_tail_and_its_function(self, store: ClickHouseExporter) -> None:
+        got = await ask(store, "place order")
+        assert got["calls"] == CALLS
+        assert got["tail"]["calls"] == len(SLOW)
+        assert got["typical"]["calls"] == CALLS - len(SLOW)
+        assert got["threshold_ns"] == 3000 * MS
+        assert got["tail"]["duration"]["per_call_ns"] == 3000 * MS
+        assert got["tail"]["cpu"]["per_call_ns"] == 2600 * MS
+        assert got["verdict"] == "burning"
+        top = got["functions"][0]
+        assert top["name"] == "slow_path"
+        assert top["tail"]["per_call_ns"] == 2500 * MS
+        assert top["typical"]["per_call_ns"] == 0
+        assert top["delta_ns"] == 2500 * MS
+        assert 0.8 < top["explains"] < 1.0
+        handle = next(f for f in got["functions"] if f["name"] == "handle")
+        assert abs(handle["delta_ns"]) < 10 * MS  # the same in both groups
+
+    async def test_typical_figures_are_the_operations_less_the_tail(
+            self, store: ClickHouseExporter) -> None:
+        """Exact: the typical group's mean CPU is the operation's CPU less the tail's,
+        over the typical calls (not a sample's mean)."""
+        got = await ask(store, "place order")
+        spans, attrs = burning()
+        typical = [a.cpu_ns for a in attrs if int.from_bytes(a.span_id, "big") - 1
+                   not in SLOW]
+        assert got["typical"]["cpu"]["per_call_ns"] == pytest.approx(
+            sum(typical) / len(typical), rel=1e-12)
+        durs = [s.end_ns - s.start_ns for i, s in enumerate(spans) if i not in SLOW]
+        assert got["typical"]["duration"]["per_call_ns"] == pytest.approx(
+            sum(durs) / len(durs), rel=1e-12)
+        assert got["extra_ns"] == pytest.approx(3000 * MS - sum(durs) / len(durs))
+
+    async def test_the_distinguishing_attribute(self, store: ClickHouseExporter) -> None:
+        """cart.size sets the tail apart completely; region does not; request.id, a value
+        per call, is an id and left out."""
+        got = await ask(store, "place order")
+        keys = [a["key"] for a in got["attributes"]]
+        assert keys[0] == "cart.size"
+        cart = got["attributes"][0]
+        assert cart["kind"] == "numeric" and cart["separation"] == 1.0
+        assert cart["tail"]["mean"] > 100 > cart["typical"]["mean"]
+        region = next(a for a in got["attributes"] if a["key"] == "region")
+        assert region["separation"] < 0.6
+        assert "request.id" not in keys
+
+    async def test_few_calls_are_marked(self, store: ClickHouseExporter) -> None:
+        """Four tail calls: under FEW_CALLS, every tail figure says so."""
+        got = await ask(store, "place order")
+        assert got["tail"]["cpu"]["few"] and got["functions"][0]["few"]
+        assert not got["typical"]["cpu"]["few"]
+        assert got["typical"]["cpu"]["ci_ns"] > 0
+
+    async def test_slower_than(self, store: ClickHouseExporter) -> None:
+        got = await ask(store, "place order", slowest=None, slower_than_ns=1000 * MS)
+        assert got["tail"]["calls"] == len(SLOW)
+        assert got["functions"][0]["name"] == "slow_path"
+        none = await ask(store, "place order", slowest=None, slower_than_ns=5000 * MS)
+        assert none["verdict"] == "nothing to compare" and none["functions"] == []
+
+
+class TestWaiting:
+    async def test_waiting_not_burning_and_on_what(self, store: ClickHouseExporter) -> None:
+        got = await ask(store, "get cart")
+        assert got["verdict"] == "waiting"
+        assert got["extra_cpu_ns"] == pytest.approx(0)
+        assert got["tail"]["off_cpu"]["per_call_ns"] == 1950 * MS
+        assert got["typical"]["off_cpu"]["per_call_ns"] == 10 * MS
+        top = got["wall_functions"][0]
+        assert top["name"] == "lock_wait"
+        assert top["delta_ns"] == 1890 * MS
+
+
+class TestTenants:
+    async def test_each_tenant_its_own_tail(self, store: ClickHouseExporter) -> None:
+        """Same ids in tenant other, where the tail burns in handle: each tenant's answer
+        names its own function, with its own totals."""
+        mine = await ask(store, "place order")
+        other = await ask(store, "place order", tenant="other")
+        assert mine["functions"][0]["name"] == "slow_path"
+        assert other["functions"][0]["name"] == "handle"
+        assert "slow_path" not in [f["name"] for f in other["functions"]
+                                   if f["tail"]["per_call_ns"]]
+        cart = next(a for a in other["attributes"] if a["key"] == "cart.size")
+        assert cart["separation"] == 0 and cart["tail"]["mean"] == 1
+        assert (await ask(store, "place order", tenant="nobody"))["calls"] == 0
+
+
+class TestRefused:
+    async def test_one_rule(self, store: ClickHouseExporter) -> None:
+        with pytest.raises(ValueError, match="slowest"):
+            await ask(store, "place order", slowest=None)
+        with pytest.raises(ValueError, match="slowest"):
+            await ask(store, "place order", slowest=0.1, slower_than_ns=5)
+
+
+class TestApiAndCli:
+    """``/api/v1/why`` checks its parameters (400 naming the one at fault) and answers;
+    ``spanprof why`` prints it as text, JSON or a differential flame graph."""
+
+    async def test_api_cli(self, store: ClickHouseExporter, tmp_path: Path,
+                           capsys: pytest.CaptureFixture[str]) -> None:
+        graph = Graph(nodes={"exporter:clickhouse": Node("exporter:clickhouse", store)},
+                      order=["exporter:clickhouse"])
+        admin = AdminServer("127.0.0.1:0", graph)
+        await admin.start()
+        base = f"http://127.0.0.1:{admin.port}"
+        iso = "..".join(time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(x))
+                        for x in (NOW_S - 60, NOW_S + 3600))
+
+        def get(**params: str) -> tuple[int, Any]:
+            url = f"{base}/api/v1/why?{urllib.parse.urlencode(params)}"
+            try:
+                with urllib.request.urlopen(url, timeout=30) as r:
+                    return r.status, json.loads(r.read())
+            except urllib.error.HTTPError as err:
+                return err.code, json.loads(err.read())
+
+        try:
+            ok = {"service": "shop", "operation": "place order", "range": iso}
+            for bad, field in (({"slowest": "60%"}, "slowest"), ({"slowest": "x"}, "slowest"),
+                               ({"slowest": "0"}, "slowest"),
+                               ({"slower_than": "-1s"}, "slower_than"),
+                               ({"slowest": "1%", "slower_than": "1s"}, "slowest"),
+                               ({"range": "1h..2h"}, "range"), ({"operation": ""}, "operation"),
+                               ({"limit": "0"}, "limit"), ({"method": "guess"}, "method")):
+                status, body = await asyncio.to_thread(get, **{**ok, **bad})
+                assert status == 400, bad
+                assert body["error"].startswith(field), (bad, body)
+            status, body = await asyncio.to_thread(get, **ok, slowest="2%")
+            assert status == 200 and body["functions"][0]["name"] == "slow_path"
+            assert "stacks" not in body
+
+            args = ["why", "--admin", base, "--service", "shop", "--operation", "place order",
+                    "--range", iso, "--slowest", "2%"]
+            assert await asyncio.to_thread(cli.main, args) == 0
+            out = capsys.readouterr().out
+            (tmp_path / "why.txt").write_text(out)
+            assert "burning" in out and "slow_path" in out and "cart.size" in out
+            assert await asyncio.to_thread(cli.main, [*args, "--format", "json"]) == 0
+            assert json.loads(capsys.readouterr().out)["verdict"] == "burning"
+            svg = tmp_path / "why.svg"
+            assert await asyncio.to_thread(
+                cli.main, [*args, "--format", "svg", "-o", str(svg)]) == 0
+            frames = {name: (level, w) for name, level, _, w in
+                      flamegraph.parse_svg_frames(svg.read_text())}
+            assert "slow_path" in frames  # drawn, and red: more in the tail
+            assert 'data-name="slow_path" data-value="2500000000" data-level="3" ' \
+                   'data-delta="2500000000"' in svg.read_text()
+        finally:
+            await admin.shutdown()
