@@ -61,7 +61,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from pipeline.admin import queries  # noqa: E402
+from pipeline.admin import queries, why  # noqa: E402
 from pipeline.exporters.clickhouse.exporter import ClickHouseExporter, Config  # noqa: E402
 from pipeline.records import DEFAULT_TENANT  # noqa: E402
 from pipeline.registry import Context  # noqa: E402
@@ -503,6 +503,21 @@ async def bench_queries(e: Engine) -> Measured:
         "GROUP BY fn ORDER BY cpu DESC, fn LIMIT 20", p))
     check(_fn_rows(otel_op[1]) == want, "otel_profiles differs from fn_minute")
 
+    # -- why (issue #21): the operation's slowest 1% against the rest, over the whole data
+    # (all the samples: the range a question covers does not narrow what why reads)
+    whole = (T0 - 60, T0 + WINDOW_S + 3600)
+    calls = calls_of(e)
+    w = await m.measure("spanprof", f"why({SERVICE}, {OPERATION}, slowest 1%), the range of "
+                        "all samples [why.why]",
+                        lambda: why.why(e, DB, SERVICE, OPERATION, whole, slowest=0.01,
+                                        tenant=DEFAULT_TENANT))
+    check(w["calls"] == calls and w["tail"]["calls"] == -(-calls // 100),
+          f"why(): {w['calls']} calls, tail {w['tail']['calls']}; otel_traces has {calls}")
+    got = w["tail"]["cpu"]["per_call_ns"] * w["tail"]["calls"] + \
+        w["typical"]["cpu"]["per_call_ns"] * w["typical"]["calls"]
+    check(abs(got - op_cpu_from_samples(e, p)) < 1e-9 * got,
+          "why(): the two groups' CPU does not add up to the operation's")
+
     # -- what otel_profiles answers without a join: a service's leaf functions by sample time
     svc_raw = await m.measure("spanprof", f"top leaf functions of {SERVICE}, samples in 1h: "
                               "profile_samples JOIN profile_stacks", lambda: e.query(
@@ -566,6 +581,20 @@ async def bench_queries(e: Engine) -> Measured:
     check({sid: v for sid, v in ot.items() if v} == truth_fn,
           "otel trace: functions per span differ")
     return m
+
+
+def calls_of(e: Engine) -> int:
+    return int(e.rows(f"SELECT uniqExact(TraceId, SpanId) FROM {DB}.otel_traces WHERE "
+                      "ServiceName = {svc:String} AND SpanName = {op:String}",
+                      {"svc": SERVICE, "op": OPERATION})[0][0])
+
+
+def op_cpu_from_samples(e: Engine, p: dict[str, Any]) -> float:
+    """The operation's CPU from its samples (every span of it is in the data's range)."""
+    return float(e.rows(
+        f"SELECT sum(value) FROM {DB}.profile_samples WHERE (trace_id, span_id) IN (SELECT "
+        f"TraceId, SpanId FROM {DB}.otel_traces WHERE ServiceName = {{svc:String}} AND "
+        "SpanName = {op:String})", p)[0][0])
 
 
 async def check_totals(e: Engine, n: int) -> None:
@@ -654,6 +683,11 @@ async def run(n: int, path: Path) -> int:
         report_sizes(e, n)
         m = await bench_queries(e)
         m.print()
+        for _, name, ms, *_ in m.lines:
+            if name.startswith("why("):
+                print(f"\nwhy over {n:,} samples ({calls_of(e):,} calls of {SERVICE}/"
+                      f"{OPERATION}): {ms:.1f} ms, goal < 100 ms (issue #21): "
+                      f"{'PASS' if ms < 100 else 'FAIL'}")
     except Failed as err:
         print(f"\nFAILED: {err}", file=sys.stderr)
         return 1
