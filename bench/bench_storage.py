@@ -267,19 +267,19 @@ def load(e: Engine, n: int, timer: Timer) -> None:
                p.n * {CPU_NS}, 0, p.n, p.n * {CPU_NS}
         FROM (SELECT idx, sum(n) AS n FROM bench.span_stack GROUP BY idx) AS p
         INNER JOIN bench.spans AS s ON s.idx = p.idx"""))
-    timer.run("spanprof.span_functions (+ MV: fn_minute)", lambda: e.command(
+    timer.run("spanprof.span_functions (+ MVs: fn_minute, op_tail_functions)", lambda: e.command(
         f"""INSERT INTO {DB}.span_functions (trace_id, span_id, method, function, source,
-            self_cpu_ns, self_wall_ns, service, operation, minute, span_known)
-        SELECT {span[0]}p.leaf, {source}, p.n * {CPU_NS}, 0{span[1]}
+            self_cpu_ns, self_wall_ns, service, operation, minute, span_known, duration_ns)
+        SELECT {span[0]}p.leaf, {source}, p.n * {CPU_NS}, 0{span[1]}, s.duration_ns
         FROM (SELECT p.idx AS idx, st.functions[1] AS leaf, sum(p.n) AS n
               FROM bench.span_stack AS p INNER JOIN bench.stacks AS st ON st.sidx = p.sidx
               GROUP BY idx, leaf) AS p
         INNER JOIN bench.spans AS s ON s.idx = p.idx"""))
-    timer.run("spanprof.span_stacks (+ MV: op_stacks_minute)", lambda: e.command(
+    timer.run("spanprof.span_stacks (+ MVs: op_stacks_minute, op_tail_stacks)", lambda: e.command(
         f"""INSERT INTO {DB}.span_stacks (trace_id, span_id, method, stack_id, source, service,
-            operation, minute, span_known, cpu_ns, wall_ns)
+            operation, minute, span_known, cpu_ns, wall_ns, duration_ns)
         SELECT {span[0]}cityHash64(toUInt64(p.sidx), 'stack'), {source}{span[1]},
-               p.n * {CPU_NS}, 0
+               p.n * {CPU_NS}, 0, s.duration_ns
         FROM bench.span_stack AS p INNER JOIN bench.spans AS s ON s.idx = p.idx"""))
     timer.run("otel.otel_profiles (one row per sample, stack inline)", lambda: e.command(
         f"""INSERT INTO {OTEL}.otel_profiles

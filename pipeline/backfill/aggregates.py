@@ -1,14 +1,15 @@
 """Rebuilding the aggregate tables for one tenant's minutes from the rows they are made of.
 
-op_minute, op_calls, fn_minute and op_stacks_minute are filled by materialized views as
-rows are inserted into span_attribution, span_functions, span_stacks and otel_traces
-(migrations 4, 10, 11). A view adds what is inserted and never sees a DELETE: once a
-backfill has replaced attribution rows (``reattribute``: DELETE, then insert), the
-aggregates hold the old rows and the new. ``rebuild`` makes them again for a tenant and a
-range of minutes: per aggregate, a lightweight DELETE of the tenant's minutes, then, for
-each view feeding it, an INSERT of that view's SELECT over the base tables as they are now,
-kept to the same tenant and minutes. The result is what the views would have made had the
-current rows been inserted once.
+op_minute, op_calls, fn_minute, op_stacks_minute and the op_tail_* tables (by call
+duration) are filled by materialized views as rows are inserted into span_attribution,
+span_functions, span_stacks and otel_traces (migrations 4, 10, 11, 13). A view adds what
+is inserted and never sees a DELETE: once a backfill has replaced attribution rows
+(``reattribute``: DELETE, then insert), the aggregates hold the old rows and the new.
+``rebuild`` makes them again for a tenant and a range of minutes: per aggregate, a
+lightweight DELETE of the tenant's minutes, then, for each view feeding it, an INSERT of
+that view's SELECT over the base tables as they are now, kept to the same tenant and
+minutes. The result is what the views would have made had the current rows been inserted
+once.
 
 What is re-run is each view's own SELECT, read from the migrations (``VIEWS``, the newest
 definition of each), so a view changed by a later migration is rebuilt as it now
@@ -68,6 +69,14 @@ AGGREGATES = {
                   "self_cpu_ns", "self_wall_ns"],
     "op_stacks_minute": ["tenant", "service", "operation", "minute", "stack_id", "method",
                          "cpu_ns", "wall_ns"],
+    # migration 13: by call duration (spanprof why)
+    "op_tail_spans": ["tenant", "service", "operation", "minute", "bucket", "method", "cpu_ns",
+                      "inclusive_cpu_ns", "wall_ns", "sample_count"],
+    "op_tail_functions": ["tenant", "service", "operation", "minute", "bucket", "function",
+                          "method", "self_cpu_ns", "self_wall_ns", "self_cpu_sq",
+                          "self_wall_sq", "rows"],
+    "op_tail_stacks": ["tenant", "service", "operation", "minute", "bucket", "stack_id",
+                       "method", "cpu_ns", "wall_ns"],
 }
 # base tables read FINAL (see the module's docstring)
 REPLACED = ("span_attribution", "span_functions", "span_stacks")

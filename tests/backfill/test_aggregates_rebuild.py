@@ -112,6 +112,13 @@ SNAPSHOT = {
                  "sum(self_wall_ns)",
     "op_stacks_minute": "service, operation, minute, stack_id, method, sum(cpu_ns), "
                         "sum(wall_ns)",
+    "op_tail_spans": "service, operation, minute, bucket, method, sum(cpu_ns), "
+                     "sum(inclusive_cpu_ns), sum(wall_ns), sum(sample_count)",
+    "op_tail_functions": "service, operation, minute, bucket, function, method, "
+                         "sum(self_cpu_ns), sum(self_wall_ns), round(sum(self_cpu_sq)), "
+                         "round(sum(self_wall_sq)), sum(rows)",
+    "op_tail_stacks": "service, operation, minute, bucket, stack_id, method, sum(cpu_ns), "
+                      "sum(wall_ns)",
 }
 
 
@@ -226,7 +233,7 @@ class TestRebuild:
         want = await snapshot(store, "fresh")
         steps = aggregates.plan(store.database, "a", *ALL)
         assert [s.split()[0] for s, _ in steps] == ["DELETE", "INSERT", "INSERT"] * 2 + \
-            ["DELETE", "INSERT"] * 2
+            ["DELETE", "INSERT"] * 5
         for k in range(len(steps) + 1):
             await backfill(store, "a")  # stale again: the same rows, added to again
             for sql, parameters in aggregates.plan(store.database, "a", *ALL)[:k]:
@@ -237,14 +244,17 @@ class TestRebuild:
 
 class TestViews:
     def test_every_view_into_an_aggregate_is_rebuilt(self) -> None:
-        """The views read from the migrations are the six that feed the aggregates, and
+        """The views read from the migrations are the nine that feed the aggregates, and
         the attribution tables are read FINAL, otel_traces as it is."""
         assert {(v.name, v.target) for v in aggregates.VIEWS} == {
             ("op_minute_mv", "op_minute"), ("op_minute_spans_mv", "op_minute"),
             ("op_calls_mv", "op_calls"), ("op_calls_spans_mv", "op_calls"),
-            ("fn_minute_mv", "fn_minute"), ("op_stacks_minute_mv", "op_stacks_minute")}
+            ("fn_minute_mv", "fn_minute"), ("op_stacks_minute_mv", "op_stacks_minute"),
+            ("op_tail_spans_mv", "op_tail_spans"),
+            ("op_tail_functions_mv", "op_tail_functions"),
+            ("op_tail_stacks_mv", "op_tail_stacks")}
         inserts = [s for s, _ in aggregates.plan("db", "a", 0, 60) if s.startswith("INSERT")]
-        assert sum(f"FROM db.{t} FINAL" in s for s in inserts for t in aggregates.REPLACED) == 4
+        assert sum(f"FROM db.{t} FINAL" in s for s in inserts for t in aggregates.REPLACED) == 7
         assert sum("FROM db.otel_traces\n" in s for s in inserts) == 2
 
 

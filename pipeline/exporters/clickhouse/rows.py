@@ -32,9 +32,10 @@ ATTRIBUTION_COLUMNS = ["tenant", "trace_id", "span_id", "method", "source", "ser
                        "wall_ns", "sample_count", "inclusive_cpu_ns"]
 FUNCTIONS_COLUMNS = ["tenant", "trace_id", "span_id", "method", "function", "source",
                      "self_cpu_ns", "self_wall_ns", "service", "operation", "minute",
-                     "span_known"]
+                     "span_known", "duration_ns"]
 SPAN_STACKS_COLUMNS = ["tenant", "trace_id", "span_id", "method", "stack_id", "source",
-                       "service", "operation", "minute", "span_known", "cpu_ns", "wall_ns"]
+                       "service", "operation", "minute", "span_known", "cpu_ns", "wall_ns",
+                       "duration_ns"]
 UNATTRIBUTED_COLUMNS = ["tenant", "service", "minute", "source", "cpu_ns", "wall_ns",
                         "sample_count"]
 
@@ -183,20 +184,20 @@ def attributions(batch: AttributionBatch) -> dict[str, Columns]:
             tid, sid, method, source = a.trace_id.hex(), a.span_id.hex(), a.method, a.source
             svc, op = a.service, a.name
             minute = a.start_ns // 1_000_000_000 // 60 * 60
-            known = int(a.span_known)
+            known, dur = int(a.span_known), a.duration_ns  # the span's (migration 13)
             # one row per function / stack, its CPU and wall time (most spans have only one)
             if not sw:
-                fn.extend((tenant, tid, sid, method, name, source, v, 0, svc, op, minute, known)
-                          for name, v in sc.items())
+                fn.extend((tenant, tid, sid, method, name, source, v, 0, svc, op, minute, known,
+                           dur) for name, v in sc.items())
             else:
                 fn.extend((tenant, tid, sid, method, name, source, sc.get(name, 0), sw.get(name, 0),
-                           svc, op, minute, known) for name in sc.keys() | sw.keys())
+                           svc, op, minute, known, dur) for name in sc.keys() | sw.keys())
             if not kw:
-                sk.extend((tenant, tid, sid, method, st, source, svc, op, minute, known, v, 0)
-                          for st, v in kc.items())
+                sk.extend((tenant, tid, sid, method, st, source, svc, op, minute, known, v, 0,
+                           dur) for st, v in kc.items())
             else:
                 sk.extend((tenant, tid, sid, method, st, source, svc, op, minute, known,
-                           kc.get(st, 0), kw.get(st, 0)) for st in kc.keys() | kw.keys())
+                           kc.get(st, 0), kw.get(st, 0), dur) for st in kc.keys() | kw.keys())
         if fn:
             out["span_functions"] = _columns(FUNCTIONS_COLUMNS, fn)
         if sk:
