@@ -168,11 +168,13 @@ async def why(db: Queryable, database: str, service: str, operation: str,
         for is_tail, *v in (await db.query(
                 f"SELECT {TAIL} AS tail, count(), sum(d), varSamp(d), sum(cpu), "
                 "varSamp(cpu), sum(incl), varSamp(incl), "
-                "varSamp(toInt64(d) - toInt64(incl)) "
+                "varSamp(toInt64(d) - toInt64(incl)), "
+                # the minutes with the most calls (the tail's: where attributes are read)
+                f"topK({ATTRIBUTE_MINUTES})(toUnixTimestamp(m)) "
                 f"FROM ({calls_sql}) GROUP BY tail", p))[1]:
             groups[bool(is_tail)] = dict(zip(
                 ("calls", "duration", "var_duration", "exact_cpu", "var_cpu", "exact_incl",
-                 "var_incl", "var_off"), v, strict=True))
+                 "var_incl", "var_off", "minutes"), v, strict=True))
     out["calls"] = sum(int(g["calls"]) for g in groups.values())
     out["bucket"] = threshold
     out["threshold_ns"] = threshold_ns if threshold is not None else None  # the tail's least
@@ -228,7 +230,8 @@ async def why(db: Queryable, database: str, service: str, operation: str,
     if out["verdict"] == "waiting" and not has_wall:
         out["notes"].append("the tail is waiting (off-CPU), and no wall-clock profile "
                             "covers these spans: a CPU profile cannot say on what")
-    out["attributes"] = await _attributes(db, database, calls_sql, p, limit)
+    out["attributes"] = await _attributes(db, database, sorted(map(int, tail["minutes"])),
+                                          p, limit)
     if stacks:
         out["stacks"] = await _stacks(db, database, p, int(tail["calls"]), int(typ["calls"]))
     return out
@@ -312,17 +315,13 @@ async def _stacks(db: Queryable, database: str, p: dict[str, Any], nt: int, ns: 
              "tail_ns": per[sid][0], "typical_ns": per[sid][1]} for sid in sorted(keep)]
 
 
-async def _attributes(db: Queryable, database: str, calls_sql: str, p: dict[str, Any],
+async def _attributes(db: Queryable, database: str, minutes: list[int], p: dict[str, Any],
                       limit: int) -> list[dict[str, Any]]:
     """The span and resource attributes whose values set the tail apart, compared on the
     calls of the minutes with the most tail calls: for a numeric key, how far apart the
     two groups' values lie (``separation``: |2 AUC - 1|, 1 when every tail value is above
     every typical one); for another, the total variation distance of the two groups'
     value shares. Keys holding ids (a value per call) are left out."""
-    minutes = [int(m) for m, _ in (await db.query(
-        f"SELECT toUnixTimestamp(m) AS t, count() AS c FROM ({calls_sql}) "
-        f"WHERE {TAIL} GROUP BY t ORDER BY c DESC, t LIMIT {{k:UInt32}}",
-        {**p, "k": ATTRIBUTE_MINUTES}))[1]]
     if not minutes:
         return []
     ranges = " OR ".join(f"(Timestamp >= toDateTime({{m{i}:UInt32}}) AND "
