@@ -6,7 +6,7 @@ CONFIG ?= config/local.yaml
 # PERFORMANCE.md: glibc trimming the heap after every large protobuf parse halves throughput.
 export MALLOC_TRIM_THRESHOLD_ ?= 268435456
 
-.PHONY: run test bench fuzz faults lint venv clean
+.PHONY: run test bench fuzz faults lint venv clean chromium
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,11 +22,17 @@ run: venv
 # lint first: CI (.ci/run) runs this target. Two worker processes (a test file stays on
 # one), then the tests marked serial alone: they compare profiles with the clients' clocks
 TEST_WORKERS ?= 2
-test: venv lint
+test: venv lint chromium
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not serial"
 	$(BIN)/python -m pytest -q -m serial
 
-bench: venv
+# the web UI's browser tests (tests/ui) and bench_ui drive Debian's Chromium
+chromium:
+	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || \
+		{ echo "chromium missing: apt-get install -y chromium" >&2; exit 1; }
+
+bench: venv chromium
 	$(BIN)/python bench/bench_pipeline.py
 	$(BIN)/python bench/bench_pipeline.py --no-queue
 	$(BIN)/python bench/bench_latency.py
@@ -35,6 +41,7 @@ bench: venv
 	$(BIN)/python bench/bench_storage.py
 	$(BIN)/python bench/bench_backfill.py
 	$(BIN)/python bench/bench_security.py
+	$(BIN)/python bench/bench_ui.py
 	@# the gateway against the OpenTelemetry Collector, same load, one core each (last line:
 	@# the cpu/span ratio); the harness lives beside the project on the team's machines
 	@if [ -x ../shared/bench/collector/run ]; then SPANPROF_PYTHON=$(BIN)/python ../shared/bench/collector/run; \

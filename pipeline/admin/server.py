@@ -13,6 +13,20 @@ the running pipeline, which asks ClickHouse on its own connection::
     GET /api/v1/why?service=S&operation=O&range=1h&slowest=1%|slower_than=1s[&stacks=1]  tail
     POST /api/v1/backfill, GET /api/v1/backfill/{job}   backfill jobs (admin/backfill.py)
 
+For the web UI (``/ui``, admin/webui.py, issue #18)::
+
+    GET /api/v1/operations?range=1h                 services and operations with calls
+    GET /api/v1/search?service=S&operation=O&range=1h&min_duration=250ms&max_duration=2s
+        &min_cpu=10ms&order=duration|cpu|self_cpu|off_cpu&limit=N    calls (spans)
+    GET /api/v1/traces/{trace_id}/spans/{span_id}?method=M   one span, as in its trace
+    GET /api/v1/histogram?service=S&operation=O&range=1h&buckets=40   durations, p50/90/99
+    GET /api/v1/function_spans?function=F&service=S&operation=O&range=1h&order=cpu|wall
+        &limit=N&method=M                           spans and traces that burnt F most
+    GET /api/v1/flamegraph?trace_id=T&span_id=S&children=1|0&measure=cpu|wall&method=M
+        | ?service=S&operation=O&range=1h[&base=2h..1h]   a tree; with base, per-call deltas
+        &max_nodes=N (10000; at most 100000): the largest frames drawn, the rest counted
+    GET /ui/...                                     the UI's files (no token needed)
+
 ``method``: ``exact`` (link + link+time, the default), ``all``, or a comma-separated list.
 
 Each answer is one tenant's (``_tenant``): the one the request's token maps to when the
@@ -40,7 +54,7 @@ import msgspec
 import structlog
 from aiohttp import web
 
-from pipeline.admin import queries, why
+from pipeline.admin import queries, webui, why
 from pipeline.admin.backfill import BackfillJobs
 from pipeline.auth import TokenAuth
 from pipeline.config import Duration
@@ -96,6 +110,14 @@ class AdminServer:
         app.router.add_get("/api/v1/diff", self.diff)
         app.router.add_get("/api/v1/stacks", self.stacks)
         app.router.add_get("/api/v1/why", self.why)
+        app.router.add_get("/api/v1/operations", self.operations)
+        app.router.add_get("/api/v1/search", self.search)
+        app.router.add_get("/api/v1/histogram", self.histogram)
+        app.router.add_get("/api/v1/function_spans", self.function_spans)
+        app.router.add_get("/api/v1/flamegraph", self.flamegraph)
+        app.router.add_get("/api/v1/traces/{trace_id}/spans/{span_id}", self.span)
+        ui = webui.StaticUi()
+        ui.routes(app)
         if self.db is not None:
             self.backfill = BackfillJobs(self.db, self.auth)
             self.backfill.routes(app)
@@ -103,7 +125,7 @@ class AdminServer:
         self._runner, self.port = await serve(
             app, f"{host or '127.0.0.1'}:{port}", "service.admin.endpoint", self.limits,
             self.guard_metrics, self.log, tls=self.tls, auth=self.auth,
-            open_paths=("/health",))
+            open_paths=("/health", *ui.open_paths))
         self.log.info("admin_listening", endpoint=self.endpoint, port=self.port,
                       tls=self.tls is not None)
 
@@ -235,6 +257,82 @@ class AdminServer:
                                  tenant=_tenant(request))
         return await self._answer(request, work)
 
+    async def operations(self, request: web.Request) -> web.Response:
+        async def work(q: Any, now: float) -> Any:
+            return await queries.operations(self._db(), self._database(),
+                                            _range(q, "range", now, "1h"),
+                                            tenant=_tenant(request))
+        return await self._answer(request, work)
+
+    async def search(self, request: web.Request) -> web.Response:
+        async def work(q: Any, now: float) -> Any:
+            service, operation = _text(q, "service"), _text(q, "operation")
+            order = _choice(q, "order", tuple(queries.SEARCH_ORDERS), "duration")
+            rng, limit = _range(q, "range", now, "1h"), _limit(q)
+            return await queries.search_calls(
+                self._db(), self._database(), rng, service=service, operation=operation,
+                min_duration_ns=_duration_ns(q, "min_duration", 0),
+                max_duration_ns=_duration_ns(q, "max_duration", queries.MAX_NS),
+                min_cpu_ns=_duration_ns(q, "min_cpu", 0), order=order, limit=limit,
+                tenant=_tenant(request))
+        return await self._answer(request, work)
+
+    async def histogram(self, request: web.Request) -> web.Response:
+        async def work(q: Any, now: float) -> Any:
+            service, operation = str(_text(q, "service", True)), _text(q, "operation")
+            buckets = _int(q, "buckets", 1, 200, 40)
+            return await queries.duration_histogram(
+                self._db(), self._database(), service, operation,
+                _range(q, "range", now, "1h"), buckets, tenant=_tenant(request))
+        return await self._answer(request, work)
+
+    async def function_spans(self, request: web.Request) -> web.Response:
+        async def work(q: Any, now: float) -> Any:
+            function = str(_text(q, "function", True))
+            service, operation = _text(q, "service"), _text(q, "operation")
+            order = _choice(q, "order", ("cpu", "wall"), "cpu")
+            rng, limit, method = _range(q, "range", now, "1h"), _limit(q), _method(q)
+            return await queries.function_spans(
+                self._db(), self._database(), function, rng, service=service,
+                operation=operation, order=order, limit=limit, method=method,
+                tenant=_tenant(request))
+        return await self._answer(request, work)
+
+    async def flamegraph(self, request: web.Request) -> web.Response:
+        async def work(q: Any, now: float) -> Any:
+            method, tenant = _method(q), _tenant(request)
+            max_nodes = _int(q, "max_nodes", 1, queries.MAX_FLAME_NODES, 10_000)
+            tid, sid = _param(q, "trace_id"), _param(q, "span_id")
+            if tid or sid:
+                tid, sid = _hex_id(tid, "trace_id", 32), _hex_id(sid, "span_id", 16)
+                children = _choice(q, "children", ("1", "0", "true", "false"), "1")
+                measure = _choice(q, "measure", ("cpu", "wall"), "cpu")
+                got = await queries.span_flame(
+                    self._db(), self._database(), tid, sid, children=children in ("1", "true"),
+                    measure=measure, method=method, max_nodes=max_nodes, tenant=tenant)
+                return _flame_answer(got)
+            service, operation = str(_text(q, "service", True)), _text(q, "operation")
+            rng = _range(q, "range", now, "1h")
+            base = _range(q, "base", now) if _param(q, "base") else None
+            return _flame_answer(await queries.operation_flame(
+                self._db(), self._database(), service, operation, rng, base=base,
+                method=method, max_nodes=max_nodes, tenant=tenant))
+        return await self._answer(request, work)
+
+    async def span(self, request: web.Request) -> web.Response:
+        async def work(q: Any, now: float) -> Any:
+            tid = _hex_id(request.match_info["trace_id"], "trace_id", 32)
+            sid = _hex_id(request.match_info["span_id"], "span_id", 16)
+            result = await queries.span(self._db(), self._database(), tid, sid,
+                                        method=_method(q), tenant=_tenant(request))
+            if result is None:
+                raise _NotFound(f"span {sid} of trace {tid} not found")
+            return result
+        try:
+            return await self._answer(request, work)
+        except _NotFound as err:
+            return _error(404, str(err))
+
     async def trace(self, request: web.Request) -> web.Response:
         async def work(q: Any, now: float) -> Any:
             tid = _hex_id(request.match_info["trace_id"], "trace_id", 32)
@@ -333,6 +431,50 @@ def _tail_rule(q: Any) -> tuple[float | None, int | None]:
     if not 0 < frac <= 0.5:
         raise _BadRequest("slowest: expected more than 0 and at most 50%")
     return frac, None
+
+
+def _flame_answer(got: dict[str, Any]) -> dict[str, Any]:
+    """A flame graph query's answer with its nodes as a tree (webui.flame_tree); with a
+    base range, compared per call when both ranges have calls, else per second."""
+    nodes, base = got.pop("nodes"), got.pop("base_values", None)
+    if base is None:
+        return {**got, "unit": "ns", "tree": webui.flame_tree(nodes, got["total"])}
+    per_call = bool(got["calls"] and got["base_calls"])
+    scale = got["calls"] / got["base_calls"] if per_call else \
+        (got["to"] - got["from"]) / max(1, got["base_range"][1] - got["base_range"][0])
+    return {**got, "unit": "ns", "unit_of_diff": "per_call" if per_call else "per_second",
+            "tree": webui.flame_tree(nodes, got["total"], base, got["base_total"], scale)}
+
+
+def _choice(q: Any, name: str, options: tuple[str, ...], default: str) -> str:
+    v = _param(q, name) or default
+    if v not in options:
+        raise _BadRequest(f"{name}: expected {', '.join(options[:-1])} or {options[-1]}")
+    return v
+
+
+def _int(q: Any, name: str, lo: int, hi: int, default: int) -> int:
+    try:
+        v = int(_param(q, name) or default)
+    except ValueError:
+        raise _BadRequest(f"{name}: expected an integer") from None
+    if not lo <= v <= hi:
+        raise _BadRequest(f"{name}: expected {lo}..{hi}")
+    return v
+
+
+def _duration_ns(q: Any, name: str, default: int) -> int:
+    """A duration (``250ms``, ``1.5s``, ``0``) in ns, within 0..2^63-1."""
+    v = _param(q, name)
+    if v is None:
+        return default
+    try:
+        ns = int(Duration.parse(v) * 1e9)
+    except (ValueError, OverflowError):
+        raise _BadRequest(f"{name}: expected a duration such as 250ms or 1.5s") from None
+    if not 0 <= ns <= queries.MAX_NS:
+        raise _BadRequest(f"{name}: out of range")
+    return ns
 
 
 def _method(q: Any) -> str:

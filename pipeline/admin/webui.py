@@ -1,0 +1,109 @@
+"""The web UI (issue #18): its files, served under ``/ui`` by the admin listener, and the
+flame graph trees its views draw.
+
+The UI is plain ES modules, CSS and two vendored libraries (``ui/vendor/VENDORED.md``):
+no build step, nothing fetched from elsewhere, so it works air-gapped. The files are read
+once when the listener starts and served from memory under a fixed list of paths (no
+path from a request ever reaches the file system), with an ``ETag`` so that a browser
+revalidates them (``304``) rather than loading them again, and a Content-Security-Policy
+that lets a page load nothing but this listener's own files and answers.
+
+The files hold no data, so they are served without a token when the listener checks
+tokens (``open_paths``); the UI sends the token the user gives it with each API call.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from importlib import resources
+from importlib.resources.abc import Traversable
+from typing import Any
+
+from aiohttp import web
+
+PREFIX = "/ui"
+_TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css",
+          ".md": "text/markdown", ".svg": "image/svg+xml", ".png": "image/png"}
+# the page may load this listener's files and answers only (no CDN, no inline script);
+# styles: d3 sets element styles and d3-flame-graph adds its stylesheet from script
+_CSP = ("default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
+        "img-src 'self' data:; connect-src 'self'; base-uri 'none'; form-action 'none'; "
+        "frame-ancestors 'none'")
+
+
+class StaticUi:
+    """The UI's files, read from the package (``pipeline/admin/ui``) at construction."""
+
+    def __init__(self, root: Traversable | None = None) -> None:
+        self.files: dict[str, tuple[bytes, str, str]] = {}  # path -> body, type, etag
+        todo = [(root or resources.files("pipeline.admin") / "ui", "")]
+        while todo:
+            node, rel = todo.pop()
+            for child in node.iterdir():
+                name = f"{rel}{child.name}"
+                if child.is_dir():
+                    todo.append((child, name + "/"))
+                elif not child.name.startswith("."):
+                    body = child.read_bytes()
+                    suffix = "." + child.name.rpartition(".")[2] if "." in child.name else ""
+                    etag = '"' + hashlib.sha256(body).hexdigest()[:20] + '"'
+                    self.files[name] = (body, _TYPES.get(suffix, "text/plain"), etag)
+
+    @property
+    def open_paths(self) -> tuple[str, ...]:
+        return (PREFIX, PREFIX + "/", *(f"{PREFIX}/{p}" for p in self.files))
+
+    def routes(self, app: web.Application) -> None:
+        app.router.add_get(PREFIX, self.redirect)
+        app.router.add_get(PREFIX + "/{path:.*}", self.serve)
+
+    async def redirect(self, request: web.Request) -> web.Response:
+        raise web.HTTPFound(PREFIX + "/")
+
+    async def serve(self, request: web.Request) -> web.Response:
+        path = request.match_info["path"] or "index.html"
+        got = self.files.get(path)
+        if got is None:
+            return web.Response(status=404, text=f"{PREFIX}/{path[:200]}: no such file")
+        body, ctype, etag = got
+        headers = {"ETag": etag, "Cache-Control": "no-cache",
+                   "X-Content-Type-Options": "nosniff", "Content-Security-Policy": _CSP,
+                   "Referrer-Policy": "no-referrer"}
+        if request.headers.get("If-None-Match") == etag:
+            return web.Response(status=304, headers=headers)
+        charset = "utf-8" if ctype.startswith("text/") or ctype.endswith("+xml") else None
+        return web.Response(body=body, content_type=ctype, charset=charset, headers=headers)
+
+
+def flame_tree(nodes: Iterable[tuple[int, int, str, int]], total: int,
+               base: dict[int, int] | None = None, base_total: int = 0,
+               scale: float = 1.0) -> dict[str, Any]:
+    """Flame graph nodes (``queries._flame``: hash, parent's hash (0 under the root), frame,
+    value) as the nested tree d3-flame-graph draws: ``{"n": name, "v": inclusive value,
+    "c": [children sorted by name]}`` under a root ``all`` worth ``total``. With ``base``
+    (hash -> value in the base, worth ``base_total`` in all), a differential tree: each
+    node also has ``"d"``, its value less the base's times ``scale`` (e.g. calls now /
+    calls then: per call). Nodes whose parent is not among them are left out (the query
+    keeps whole trees). No recursion: trees can be deeper than Python's stack."""
+    root: dict[str, Any] = {"n": "all", "v": total}
+    if base is not None:
+        root["d"] = total - round(base_total * scale)
+    kids: dict[int, list[tuple[str, int, int]]] = {}
+    for h, up, name, value in nodes:
+        kids.setdefault(up, []).append((name, h, value))
+    todo: list[tuple[int, dict[str, Any]]] = [(0, root)]
+    while todo:
+        h, parent = todo.pop()
+        children = kids.get(h)
+        if not children:
+            continue
+        out = []
+        for name, ch, value in sorted(children):
+            node: dict[str, Any] = {"n": name, "v": value}
+            if base is not None:
+                node["d"] = value - round(base.get(ch, 0) * scale)
+            out.append(node)
+            todo.append((ch, node))
+        parent["c"] = out
+    return root

@@ -1,0 +1,194 @@
+"""The web UI in a real browser (issue #18): headless Chromium, driven by Playwright,
+against ``spanprof run`` fed with tests/ui/data.py over OTLP/gRPC.
+
+The click path a person takes: the trace search lists the slow call first; the keyboard
+moves through the list and opens it; the trace's waterfall shows its spans with their CPU,
+off-CPU, samples and method; a span's flame graph shows the hot function (hover, search,
+zoom); the function's spans link back to the trace. Then the operation's flame graph and
+its difference to an earlier range, deep links, and both colour schemes. Every view is
+screenshot to test-artifacts/ui/ (the README's come from here:
+``SPANPROF_UPDATE_SCREENSHOTS=1``)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+from playwright.sync_api import expect
+
+from tests.conftest import SpanprofProcess
+from tests.ui.conftest import screenshot
+from tests.ui.data import HOT, TYPICAL
+
+pytestmark = pytest.mark.e2e
+Pipeline = tuple[SpanprofProcess, dict[str, Any]]
+
+
+def open_view(page: Any, sp: SpanprofProcess, fragment: str) -> None:
+    page.goto(f"{sp.admin}/ui/{fragment}")
+    ready(page)
+
+
+def ready(page: Any) -> None:
+    """The view's data is on screen (app.js sets data-ready once a view has drawn it)."""
+    page.wait_for_selector("body[data-ready='1']")
+    assert page.query_selector(".error") is None, page.inner_text(".error")
+
+
+class TestClickPath:
+    def test_slow_trace_to_span_to_flame_graph_to_function_and_back(
+            self, pipeline: Pipeline, page: Any) -> None:
+        """Search -> (keyboard) slow trace -> span ``price`` -> its flame graph, with the
+        hot function's frame (hover: time and share; search; click: zoom and the link to
+        its spans) -> the function's spans, the slow one first -> back to the trace."""
+        sp, facts = pipeline
+        slow = facts["slow_trace"]
+        open_view(page, sp, "#/search?service=checkout&operation=place_order&range=1h")
+        rows = page.locator("tr.call")
+        assert rows.count() == TYPICAL + 1
+        first = rows.nth(0)
+        assert slow[:12] in first.inner_text() and "2.40 s" in first.inner_text()
+        assert "exact" in first.inner_text() and "child" in first.inner_text()
+        head = page.inner_text(".hist-head")
+        assert f"{TYPICAL + 1} calls" in head and "p99 2.40 s" in head
+        assert page.locator("svg.hist .bar").count() >= 5
+        screenshot(page, "search", docs=True)
+
+        # keyboard: into the list, down, up, Enter opens the focused call's trace
+        first.focus()
+        page.keyboard.press("ArrowDown")
+        assert page.evaluate("document.activeElement.dataset.trace") != slow
+        page.keyboard.press("k")
+        assert page.evaluate("document.activeElement.dataset.trace") == slow
+        page.keyboard.press("Enter")
+        ready(page)
+        assert f"#/trace/{slow}" in page.url
+
+        # the waterfall: every span, its method, CPU and off-CPU inside its bar
+        names = page.locator(".wf-body .wf-row .span-name").all_inner_texts()
+        assert names == ["place_order", "reserve_stock", "price", "serialize"]
+        price = page.locator(".wf-body .wf-row", has_text="price")
+        assert "900 ms" in price.inner_text() and "655 ms" in price.inner_text()
+        assert price.locator(".method[data-method='link+time']").inner_text() == "child"
+        assert "90" in price.inner_text()  # samples
+        cpu_share = price.locator(".wf-bar .seg.cpu").evaluate(
+            "e => e.getBoundingClientRect().width / e.parentElement.getBoundingClientRect().width")
+        assert abs(cpu_share - 900 / 1555) < 0.02
+        ser = page.locator(".wf-body .wf-row", has_text="serialize")
+        assert ser.locator(".method[data-method='thread']").inner_text().startswith("thread ~")
+        root = page.locator(".wf-body .wf-row").nth(0)
+        assert root.locator(".method[data-method='link']").inner_text() == "exact"
+        page.locator(".wf-body .wf-row").nth(0).focus()
+        page.keyboard.press("ArrowDown")
+        page.keyboard.press("ArrowDown")  # focus shows the span's details
+        assert "threading.Lock.acquire" in page.inner_text(".span-detail")
+        screenshot(page, "trace", docs=True)
+
+        # the span's flame graph: the hot function's frame, its time and share on hover
+        price.locator(".span-name").click()
+        ready(page)
+        assert re.search(rf"#/span/{slow}/[0-9a-f]{{16}}", page.url)
+        frame = page.locator(f"g.frame[name='{HOT}']")
+        assert frame.count() == 1
+        frame.hover()
+        details = page.inner_text(".fg-details")
+        assert HOT in details and "900 ms" in details and "100.0% of all" in details
+        assert "Lock.acquire" in page.inner_text(".columns")  # the wall-clock breakdown
+        page.fill(".fg-search", "discount")
+        expect(page.locator(".fg-found")).to_contain_text("1 frames match")
+        assert "q=discount" in page.url  # the state is in the URL
+        screenshot(page, "span", docs=True)
+        page.locator(".toggle", has_text="wall clock").click()
+        ready(page)
+        assert page.locator("g.frame[name='threading.Lock.acquire']").count() == 1
+
+        page.go_back()
+        ready(page)
+        page.locator(f"g.frame[name='{HOT}']").click()
+        link = page.locator(".fg-selected a.fn-link")
+        assert link.inner_text() == f"spans that burnt {HOT} →"
+        assert "zoom=handler%3Bprice%3Bcompute_discount" in page.url
+        link.click()
+        ready(page)
+
+        # the reverse question: which spans burnt it, the slow one first; back to its trace
+        spans = page.locator("table.fn-spans tr.call")
+        assert spans.count() == TYPICAL + 1
+        top = spans.nth(0)
+        assert "price" in top.inner_text() and "900 ms" in top.inner_text()
+        assert page.locator("table.fn-traces tr.call").nth(0).inner_text().startswith(slow)
+        screenshot(page, "function", docs=True)
+        top.locator("a.trace-link").click()
+        ready(page)
+        assert f"#/trace/{slow}" in page.url
+        chosen = page.locator(".wf-row.chosen .span-name")
+        assert chosen.inner_text() == "price"
+
+
+class TestOperationView:
+    def test_flame_graph_and_difference(self, pipeline: Pipeline, page: Any) -> None:
+        """The service's flame graph over the last hour has the hot function; against the
+        range an hour and a half ago, it is red (more per call), the functions table
+        names it first with its change."""
+        sp, _ = pipeline
+        open_view(page, sp, "#/operation?service=checkout&range=1h")
+        assert page.locator(f"g.frame[name='{HOT}']").count() == 1
+        assert page.locator("table.fns tbody tr").nth(0).inner_text().startswith(HOT)
+        screenshot(page, "operation")
+        open_view(page, sp, "#/operation?service=checkout&range=1h&base=2h..1h")
+        fill = page.locator(f"g.frame[name='{HOT}'] rect").get_attribute("fill") or ""
+        r, g, b = (int(x) for x in re.findall(r"\d+", fill))
+        assert r > 200 and g < 150 and b < 150, fill  # red: more per call than the base
+        first = page.locator("table.fns tbody tr").nth(0).inner_text()
+        assert first.startswith(HOT) and "+" in first
+        assert "per call" in page.inner_text(".figures")
+        screenshot(page, "operation-diff", docs=True)
+
+
+class TestLinksAndSchemes:
+    def test_deep_links_keep_the_state(self, pipeline: Pipeline, page: Any) -> None:
+        """A span view's URL with a search and a zoom opens as it was left; a histogram
+        bar selects its calls; the search's sort is a link."""
+        sp, facts = pipeline
+        slow = facts["slow_trace"]
+        price = slow[:8] + "00000003"
+        open_view(page, sp, f"#/span/{slow}/{price}?q=discount&zoom=handler")
+        assert page.input_value(".fg-search") == "discount"
+        assert "1 frames match" in page.inner_text(".fg-found")
+        assert page.locator("g.frame.fade").count() >= 1  # the root, faded: zoomed in
+        open_view(page, sp, "#/search?service=checkout&operation=place_order&order=off_cpu")
+        assert page.locator("th[aria-sort='descending']").inner_text().startswith("Off-CPU")
+        page.click("#slowest")
+        ready(page)
+        assert page.locator("tr.call").count() == 1  # the slowest 1% of 41 calls
+        assert "min_duration=" in page.url
+        page.locator("svg.hist .bar").nth(0).focus()
+        page.keyboard.press("Enter")
+        ready(page)
+        assert "max_duration=" in page.url and page.locator("tr.call").count() >= 1
+
+    @pytest.mark.parametrize("scheme", ["dark", "light"])
+    def test_colour_schemes(self, pipeline: Pipeline, browser: Any, scheme: str) -> None:
+        """The system's scheme is followed (prefers-color-scheme); text stays readable
+        on the background; the theme button overrides it."""
+        sp, facts = pipeline
+        pg = browser.new_page()
+        pg.emulate_media(color_scheme=scheme)
+        try:
+            open_view(pg, sp, f"#/trace/{facts['slow_trace']}")
+            bg, fg = pg.evaluate("""() => {
+                const s = getComputedStyle(document.documentElement);
+                return [s.backgroundColor, s.color]; }""")
+            lum = [sum(int(x) for x in re.findall(r"\d+", c)[:3]) / 3 for c in (bg, fg)]
+            assert (lum[0] < 60) == (scheme == "dark"), bg
+            assert abs(lum[0] - lum[1]) > 150, (bg, fg)  # contrast
+            if scheme == "dark":
+                screenshot(pg, "trace-dark", docs=True)
+            pg.click("#theme")  # auto -> light -> dark
+            pg.click("#theme")
+            assert pg.evaluate("document.documentElement.dataset.theme") == "dark"
+            assert pg.evaluate("localStorage.getItem('spanprof.theme')") == "dark"
+        finally:
+            pg.evaluate("localStorage.removeItem('spanprof.theme')")
+            pg.close()
