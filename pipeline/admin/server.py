@@ -54,7 +54,7 @@ import msgspec
 import structlog
 from aiohttp import web
 
-from pipeline.admin import queries, webui, why
+from pipeline.admin import queries, ui_queries, webui, why
 from pipeline.admin.backfill import BackfillJobs
 from pipeline.auth import TokenAuth
 from pipeline.config import Duration
@@ -259,7 +259,7 @@ class AdminServer:
 
     async def operations(self, request: web.Request) -> web.Response:
         async def work(q: Any, now: float) -> Any:
-            return await queries.operations(self._db(), self._database(),
+            return await ui_queries.operations(self._db(), self._database(),
                                             _range(q, "range", now, "1h"),
                                             tenant=_tenant(request))
         return await self._answer(request, work)
@@ -267,12 +267,12 @@ class AdminServer:
     async def search(self, request: web.Request) -> web.Response:
         async def work(q: Any, now: float) -> Any:
             service, operation = _text(q, "service"), _text(q, "operation")
-            order = _choice(q, "order", tuple(queries.SEARCH_ORDERS), "duration")
+            order = _choice(q, "order", tuple(ui_queries.SEARCH_ORDERS), "duration")
             rng, limit = _range(q, "range", now, "1h"), _limit(q)
-            return await queries.search_calls(
+            return await ui_queries.search_calls(
                 self._db(), self._database(), rng, service=service, operation=operation,
                 min_duration_ns=_duration_ns(q, "min_duration", 0),
-                max_duration_ns=_duration_ns(q, "max_duration", queries.MAX_NS),
+                max_duration_ns=_duration_ns(q, "max_duration", ui_queries.MAX_NS),
                 min_cpu_ns=_duration_ns(q, "min_cpu", 0), order=order, limit=limit,
                 tenant=_tenant(request))
         return await self._answer(request, work)
@@ -281,7 +281,7 @@ class AdminServer:
         async def work(q: Any, now: float) -> Any:
             service, operation = str(_text(q, "service", True)), _text(q, "operation")
             buckets = _int(q, "buckets", 1, 200, 40)
-            return await queries.duration_histogram(
+            return await ui_queries.duration_histogram(
                 self._db(), self._database(), service, operation,
                 _range(q, "range", now, "1h"), buckets, tenant=_tenant(request))
         return await self._answer(request, work)
@@ -292,7 +292,7 @@ class AdminServer:
             service, operation = _text(q, "service"), _text(q, "operation")
             order = _choice(q, "order", ("cpu", "wall"), "cpu")
             rng, limit, method = _range(q, "range", now, "1h"), _limit(q), _method(q)
-            return await queries.function_spans(
+            return await ui_queries.function_spans(
                 self._db(), self._database(), function, rng, service=service,
                 operation=operation, order=order, limit=limit, method=method,
                 tenant=_tenant(request))
@@ -301,20 +301,20 @@ class AdminServer:
     async def flamegraph(self, request: web.Request) -> web.Response:
         async def work(q: Any, now: float) -> Any:
             method, tenant = _method(q), _tenant(request)
-            max_nodes = _int(q, "max_nodes", 1, queries.MAX_FLAME_NODES, 10_000)
+            max_nodes = _int(q, "max_nodes", 1, ui_queries.MAX_FLAME_NODES, 10_000)
             tid, sid = _param(q, "trace_id"), _param(q, "span_id")
             if tid or sid:
                 tid, sid = _hex_id(tid, "trace_id", 32), _hex_id(sid, "span_id", 16)
                 children = _choice(q, "children", ("1", "0", "true", "false"), "1")
                 measure = _choice(q, "measure", ("cpu", "wall"), "cpu")
-                got = await queries.span_flame(
+                got = await ui_queries.span_flame(
                     self._db(), self._database(), tid, sid, children=children in ("1", "true"),
                     measure=measure, method=method, max_nodes=max_nodes, tenant=tenant)
                 return _flame_answer(got)
             service, operation = str(_text(q, "service", True)), _text(q, "operation")
             rng = _range(q, "range", now, "1h")
             base = _range(q, "base", now) if _param(q, "base") else None
-            return _flame_answer(await queries.operation_flame(
+            return _flame_answer(await ui_queries.operation_flame(
                 self._db(), self._database(), service, operation, rng, base=base,
                 method=method, max_nodes=max_nodes, tenant=tenant))
         return await self._answer(request, work)
@@ -323,7 +323,7 @@ class AdminServer:
         async def work(q: Any, now: float) -> Any:
             tid = _hex_id(request.match_info["trace_id"], "trace_id", 32)
             sid = _hex_id(request.match_info["span_id"], "span_id", 16)
-            result = await queries.span(self._db(), self._database(), tid, sid,
+            result = await ui_queries.span(self._db(), self._database(), tid, sid,
                                         method=_method(q), tenant=_tenant(request))
             if result is None:
                 raise _NotFound(f"span {sid} of trace {tid} not found")
@@ -472,7 +472,7 @@ def _duration_ns(q: Any, name: str, default: int) -> int:
         ns = int(Duration.parse(v) * 1e9)
     except (ValueError, OverflowError):
         raise _BadRequest(f"{name}: expected a duration such as 250ms or 1.5s") from None
-    if not 0 <= ns <= queries.MAX_NS:
+    if not 0 <= ns <= ui_queries.MAX_NS:
         raise _BadRequest(f"{name}: out of range")
     return ns
 

@@ -18,7 +18,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from pipeline.admin import queries
+from pipeline.admin import queries, ui_queries
 from pipeline.admin.server import AdminServer
 from pipeline.admin.webui import StaticUi, flame_tree
 from pipeline.auth import AuthConfig, TokenAuth
@@ -108,11 +108,11 @@ class TestQueries:
         """The operations with their calls; the search finds the slow call first by
         duration, with its inclusive CPU, off-CPU, samples and method, and every filter
         and order narrows or sorts as asked; approximate figures ride along."""
-        ops = await queries.operations(store, "spanprof", RANGE, tenant="a")
+        ops = await ui_queries.operations(store, "spanprof", RANGE, tenant="a")
         assert ops["services"] == [{"name": "shop", "operations": [
             {"name": "checkout", "calls": CALLS, "cpu_ns": (CALLS * 20 + 500) * MS},
             {"name": "query", "calls": 1, "cpu_ns": 30 * MS}]}]
-        got = await queries.search_calls(store, "spanprof", RANGE, service="shop",
+        got = await ui_queries.search_calls(store, "spanprof", RANGE, service="shop",
                                          operation="checkout", limit=5, tenant="a")
         assert got["matched"] == CALLS and len(got["calls"]) == 5
         first = got["calls"][0]
@@ -124,23 +124,23 @@ class TestQueries:
         assert first["start_time_unix_nano"] == T0 + SLOW * 1000 * MS
         assert [c["duration_ns"] for c in got["calls"][1:]] == \
             [119 * MS, 118 * MS, 117 * MS, 116 * MS]
-        slow = await queries.search_calls(store, "spanprof", RANGE, service="shop",
+        slow = await ui_queries.search_calls(store, "spanprof", RANGE, service="shop",
                                           min_duration_ns=1000 * MS, tenant="a")
         assert [(c["name"], c["duration_ns"]) for c in slow["calls"]] == \
             [("query", 1000 * MS), ("checkout", 2000 * MS)][::-1] and slow["matched"] == 2
-        window = await queries.search_calls(store, "spanprof", RANGE, operation="checkout",
+        window = await ui_queries.search_calls(store, "spanprof", RANGE, operation="checkout",
                                             min_duration_ns=105 * MS,
                                             max_duration_ns=110 * MS, order="self_cpu",
                                             tenant="a")
         assert [c["duration_ns"] // MS for c in window["calls"]] == [105, 106, 108, 109, 110]
-        cpu = await queries.search_calls(store, "spanprof", RANGE, min_cpu_ns=25 * MS,
+        cpu = await ui_queries.search_calls(store, "spanprof", RANGE, min_cpu_ns=25 * MS,
                                          order="cpu", tenant="a")
         assert [c["name"] for c in cpu["calls"]] == ["checkout", "query"]
-        off = await queries.search_calls(store, "spanprof", RANGE, order="off_cpu",
+        off = await ui_queries.search_calls(store, "spanprof", RANGE, order="off_cpu",
                                          limit=2, tenant="a")
         assert [c["off_cpu_ns"] for c in off["calls"]] == [1450 * MS, 970 * MS]
         assert off["calls"][1]["method"] == "link+time"
-        three = await queries.search_calls(store, "spanprof", RANGE, operation="checkout",
+        three = await ui_queries.search_calls(store, "spanprof", RANGE, operation="checkout",
                                            min_duration_ns=103 * MS,
                                            max_duration_ns=103 * MS, tenant="a")
         assert three["calls"][0]["approximate"] == {
@@ -150,7 +150,7 @@ class TestQueries:
         """Log-spaced buckets from the shortest call to the longest, the counts adding up
         to the calls, the slow call alone in the last bucket with its CPU share, and the
         percentiles."""
-        h = await queries.duration_histogram(store, "spanprof", "shop", "checkout", RANGE,
+        h = await ui_queries.duration_histogram(store, "spanprof", "shop", "checkout", RANGE,
                                              10, tenant="a")
         assert h["calls"] == CALLS and len(h["buckets"]) == 10
         assert sum(b["count"] for b in h["buckets"]) == CALLS
@@ -160,7 +160,7 @@ class TestQueries:
         assert all(a["to_ns"] == b["from_ns"] for a, b in
                    zip(h["buckets"], h["buckets"][1:], strict=False))
         assert h["p99_ns"] == 2000 * MS and 100 * MS < h["p50_ns"] < 120 * MS
-        none = await queries.duration_histogram(store, "spanprof", "shop", "nothing", RANGE,
+        none = await ui_queries.duration_histogram(store, "spanprof", "shop", "nothing", RANGE,
                                                 tenant="a")
         assert (none["calls"], none["buckets"], none["p99_ns"]) == (0, [], None)
 
@@ -168,7 +168,7 @@ class TestQueries:
         """slow_path was burnt by one span of one trace; handle by every call, the slow one
         and call 3 (with its approximate row under ``all``) first; lock_wait only shows
         by wall time; each span carries its own figures for the link back."""
-        got = await queries.function_spans(store, "spanprof", "slow_path", RANGE, tenant="a")
+        got = await ui_queries.function_spans(store, "spanprof", "slow_path", RANGE, tenant="a")
         assert [(s["trace_id"], s["span_id"], s["function_cpu_ns"]) for s in got["spans"]] \
             == [(*hexid(SLOW), 500 * MS)]
         assert got["traces"] == [{"trace_id": hexid(SLOW)[0], "function_cpu_ns": 500 * MS,
@@ -178,16 +178,16 @@ class TestQueries:
         s = got["spans"][0]
         assert (s["name"], s["duration_ns"], s["cpu_ns"], s["method"]) == \
             ("checkout", 2000 * MS, 520 * MS, "link")
-        handle = await queries.function_spans(store, "spanprof", "handle", RANGE, limit=3,
+        handle = await ui_queries.function_spans(store, "spanprof", "handle", RANGE, limit=3,
                                               method="all", tenant="a")
         assert handle["span_count"] == CALLS and len(handle["spans"]) == 3
         assert handle["spans"][0]["span_id"] == hexid(3)[1]  # 20 + 5 ms by thread
         assert handle["cpu_ns"] == (CALLS * 20 + 5) * MS
-        lock = await queries.function_spans(store, "spanprof", "lock_wait", RANGE,
+        lock = await ui_queries.function_spans(store, "spanprof", "lock_wait", RANGE,
                                             order="wall", tenant="a")
         assert [(s["name"], s["function_wall_ns"]) for s in lock["spans"]] == \
             [("query", 800 * MS)]
-        assert (await queries.function_spans(store, "spanprof", "lock_wait", RANGE,
+        assert (await ui_queries.function_spans(store, "spanprof", "lock_wait", RANGE,
                                              tenant="a"))["spans"] == []
 
     async def test_span_flame_graph_with_and_without_children(
@@ -196,7 +196,7 @@ class TestQueries:
         and its wall graph the child's lock_wait; alone, only its own frames. Nodes are
         paths (hash, parent hash, frame, value), merged from the stacks."""
         tid, sid = hexid(SLOW)
-        both = await queries.span_flame(store, "spanprof", tid, sid, method="all",
+        both = await ui_queries.span_flame(store, "spanprof", tid, sid, method="all",
                                         tenant="a")
         assert (both["spans"], both["cpu_ns"], both["wall_ns"], both["total"],
                 both["stack_count"]) == (2, 550 * MS, 800 * MS, 550 * MS, 3)
@@ -204,14 +204,14 @@ class TestQueries:
         assert tree == {"n": "all", "v": 550 * MS, "c": [{"n": "main", "v": 550 * MS, "c": [
             {"n": "handle", "v": 520 * MS, "c": [{"n": "slow_path", "v": 500 * MS}]},
             {"n": "query_fn", "v": 30 * MS, "c": [{"n": "db_exec", "v": 30 * MS}]}]}]}
-        wall = await queries.span_flame(store, "spanprof", tid, sid, measure="wall",
+        wall = await ui_queries.span_flame(store, "spanprof", tid, sid, measure="wall",
                                         method="all", tenant="a")
         assert [n[2] for n in wall["nodes"]] == ["main", "query_fn", "lock_wait"]
-        alone = await queries.span_flame(store, "spanprof", tid, sid, children=False,
+        alone = await ui_queries.span_flame(store, "spanprof", tid, sid, children=False,
                                          tenant="a")
         assert (alone["spans"], alone["total"], alone["wall_ns"]) == (1, 520 * MS, 0)
         assert {n[2] for n in alone["nodes"]} == {"main", "handle", "slow_path"}
-        few = await queries.span_flame(store, "spanprof", tid, sid, max_nodes=3,
+        few = await ui_queries.span_flame(store, "spanprof", tid, sid, max_nodes=3,
                                        method="all", tenant="a")
         assert [n[2] for n in few["nodes"]] == ["main", "handle", "slow_path"]
         assert few["nodes_left_out"] == 2  # query_fn, db_exec: the smallest
@@ -219,10 +219,10 @@ class TestQueries:
     async def test_operation_flame_graph_and_base(self, store: ClickHouseExporter) -> None:
         """An operation's nodes over a range; against a base range, each kept node's
         value there and both ranges' calls."""
-        got = await queries.operation_flame(store, "spanprof", "shop", "checkout", RANGE,
+        got = await ui_queries.operation_flame(store, "spanprof", "shop", "checkout", RANGE,
                                             tenant="a")
         assert got["total"] == (CALLS * 20 + 500) * MS and "base_values" not in got
-        same = await queries.operation_flame(store, "spanprof", "shop", "checkout", RANGE,
+        same = await ui_queries.operation_flame(store, "spanprof", "shop", "checkout", RANGE,
                                              base=RANGE, tenant="a")
         assert same["base_values"] == {h: v for h, _, _, v in same["nodes"]}
         assert (same["calls"], same["base_calls"], same["base_total"]) == \
@@ -232,32 +232,32 @@ class TestQueries:
         """One span read by its ids has the figures its trace gives it; an unknown one is
         None."""
         tid, sid = hexid(3)
-        one = await queries.span(store, "spanprof", tid, sid, tenant="a")
+        one = await ui_queries.span(store, "spanprof", tid, sid, tenant="a")
         whole = await queries.trace(store, "spanprof", tid, tenant="a")
         assert one == next(s for s in whole["spans"] if s["span_id"] == sid)
         assert one is not None and one["approximate"]["thread"]["cpu_ns"] == 5 * MS
-        assert await queries.span(store, "spanprof", tid, "00" * 8, tenant="a") is None
-        assert await queries.span(store, "spanprof", tid, sid, tenant="c") is None
+        assert await ui_queries.span(store, "spanprof", tid, "00" * 8, tenant="a") is None
+        assert await ui_queries.span(store, "spanprof", tid, sid, tenant="c") is None
 
     async def test_each_tenant_sees_its_own(self, store: ClickHouseExporter) -> None:
         """b's answers name b's functions only; a tenant with no data gets nothing."""
         tid, sid = hexid(SLOW)
-        b = await queries.function_spans(store, "spanprof", "b_slow_path", RANGE, tenant="b")
+        b = await ui_queries.function_spans(store, "spanprof", "b_slow_path", RANGE, tenant="b")
         assert b["span_count"] == 1
-        assert (await queries.function_spans(store, "spanprof", "b_slow_path", RANGE,
+        assert (await ui_queries.function_spans(store, "spanprof", "b_slow_path", RANGE,
                                              tenant="a"))["spans"] == []
-        prof = await queries.span_flame(store, "spanprof", tid, sid, tenant="b")
+        prof = await ui_queries.span_flame(store, "spanprof", tid, sid, tenant="b")
         assert prof["nodes"] and all(n[2].startswith("b_") for n in prof["nodes"])
         for tenant in ("c", "x' OR 1=1 --"):
-            assert (await queries.operations(store, "spanprof", RANGE,
+            assert (await ui_queries.operations(store, "spanprof", RANGE,
                                              tenant=tenant))["services"] == []
-            got = await queries.search_calls(store, "spanprof", RANGE, tenant=tenant)
+            got = await ui_queries.search_calls(store, "spanprof", RANGE, tenant=tenant)
             assert (got["matched"], got["calls"]) == (0, [])
-            assert (await queries.duration_histogram(store, "spanprof", "shop", None, RANGE,
+            assert (await ui_queries.duration_histogram(store, "spanprof", "shop", None, RANGE,
                                                      tenant=tenant))["calls"] == 0
-            assert (await queries.span_flame(store, "spanprof", tid, sid,
+            assert (await ui_queries.span_flame(store, "spanprof", tid, sid,
                                              tenant=tenant))["nodes"] == []
-            assert (await queries.operation_calls(store, "spanprof", "shop", None, RANGE,
+            assert (await ui_queries.operation_calls(store, "spanprof", "shop", None, RANGE,
                                                   tenant=tenant)) == 0
 
     def test_every_function_needs_a_tenant(self) -> None:

@@ -1,0 +1,403 @@
+"""The web UI's questions (pipeline/admin/ui/, issue #18), as SQL over spanprof's tables.
+
+The same conventions as ``queries`` (whose helpers these build on): every function takes
+``tenant`` and filters every table it reads by it, a bound parameter; parameters are
+checked by the HTTP layer before a query runs.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from pipeline.admin.queries import (
+    APPROXIMATE,
+    METHOD_SETS,
+    TENANT,
+    Queryable,
+    _add_top_functions,
+    _dicts,
+    _op_where,
+    _spans_sql,
+    methods_of,
+)
+
+SEARCH_ORDERS = {"duration": "d", "cpu": "incl", "self_cpu": "cpu", "off_cpu": "off"}
+MAX_NS = 2**63 - 1
+
+
+def _calls_sql(database: str, service: str | None, operation: str | None,
+               rng: tuple[int, int], params: dict[str, Any]) -> str:
+    """One row per call (span) of ``op_calls`` in a range: its operation, duration and CPU
+    under the exact methods (what the materialized views keep there); one tenant's."""
+    params.update({"lo": rng[0], "hi": rng[1]})
+    where = [TENANT, "minute >= toDateTime({lo:UInt32})", "minute < toDateTime({hi:UInt32})"]
+    if service:
+        where.append("service = {service:String}")
+        params["service"] = service
+    if operation:
+        where.append("operation = {operation:String}")
+        params["operation"] = operation
+    return (f"SELECT service, operation, trace_id, span_id, min(minute) AS m, "
+            f"max(duration_ns) AS d, sum(cpu_ns) AS cpu, sum(inclusive_cpu_ns) AS incl "
+            f"FROM {database}.op_calls WHERE {' AND '.join(where)} "
+            "GROUP BY service, operation, trace_id, span_id")
+
+
+async def operations(db: Queryable, database: str, rng: tuple[int, int], limit: int = 1000,
+                     *, tenant: str) -> dict[str, Any]:
+    """``tenant``'s services and operations with calls in a range (op_minute), most called
+    first within each service: the choices of the UI's search form."""
+    _, rows = await db.query(
+        f"SELECT service, operation, uniqExactMerge(calls) AS n, sum(cpu_ns) AS cpu "
+        f"FROM {database}.op_minute WHERE {TENANT} AND minute >= toDateTime({{lo:UInt32}}) "
+        "AND minute < toDateTime({hi:UInt32}) AND method IN {methods:Array(String)} "
+        "GROUP BY service, operation ORDER BY service, n DESC, operation LIMIT {limit:UInt32}",
+        {"tenant": tenant, "lo": rng[0], "hi": rng[1], "limit": limit,
+         "methods": list(METHOD_SETS["exact"])})
+    services: dict[str, list[dict[str, Any]]] = {}
+    for svc, op, n, cpu in rows:
+        services.setdefault(svc, []).append({"name": op, "calls": int(n), "cpu_ns": int(cpu)})
+    return {"from": rng[0], "to": rng[1],
+            "services": [{"name": s, "operations": ops} for s, ops in services.items()]}
+
+
+async def search_calls(db: Queryable, database: str, rng: tuple[int, int], *,
+                       service: str | None = None, operation: str | None = None,
+                       min_duration_ns: int = 0, max_duration_ns: int = MAX_NS,
+                       min_cpu_ns: int = 0, order: str = "duration", limit: int = 50,
+                       tenant: str) -> dict[str, Any]:
+    """Trace search: ``tenant``'s calls (spans) of a service / operation in a range, within
+    a duration window and over a CPU floor (inclusive CPU, exact methods: what ``op_calls``
+    keeps, read by its key), sorted by ``order`` (``SEARCH_ORDERS``), largest first. Each
+    row has its span's start, sample count, the methods behind its figures and the
+    approximate methods' figures, as a trace's spans do."""
+    params: dict[str, Any] = {"tenant": tenant, "dmin": min_duration_ns,
+                              "dmax": max_duration_ns, "cmin": min_cpu_ns, "limit": limit}
+    calls = _calls_sql(database, service, operation, rng, params)
+    filt = "d >= {dmin:UInt64} AND d <= {dmax:UInt64} AND incl >= {cmin:UInt64}"
+    _, rows = await db.query(
+        f"SELECT service, operation, trace_id, span_id, toUInt32(m), d, cpu, incl, "
+        f"toUInt64(greatest(0, toInt64(d) - toInt64(incl))) AS off FROM ({calls}) "
+        f"WHERE {filt} ORDER BY {SEARCH_ORDERS[order]} DESC, trace_id, span_id "
+        "LIMIT {limit:UInt32}", params)
+    (total,), = (await db.query(f"SELECT count() FROM ({calls}) WHERE {filt}", params))[1]
+    out = [{"trace_id": t, "span_id": s, "service": svc, "name": op,
+            "start_time_unix_nano": int(m) * 1_000_000_000, "duration_ns": int(d),
+            "cpu_ns": int(c), "inclusive_cpu_ns": int(i), "off_cpu_ns": int(o)}
+           for svc, op, t, s, m, d, c, i, o in rows]
+    await _add_span_facts(db, database, out, tenant)
+    return {"from": rng[0], "to": rng[1], "order": order, "matched": int(total),
+            "calls": out}
+
+
+async def _add_span_facts(db: Queryable, database: str, spans: list[dict[str, Any]],
+                          tenant: str) -> None:
+    """Each span's start (otel_traces), sample count and methods (exact rows), and the
+    approximate methods' figures under ``approximate``, for a page of spans."""
+    for s in spans:
+        s.update(sample_count=0, method="")
+    if not spans:
+        return
+    by_key = {(s["trace_id"], s["span_id"]): s for s in spans}
+    p = {"tenant": tenant, "tids": sorted({k[0] for k in by_key}),
+         "sids": sorted({k[1] for k in by_key})}
+    _, rows = await db.query(
+        f"SELECT TraceId, SpanId, toUnixTimestamp64Nano(min(Timestamp)), any(ParentSpanId) "
+        f"FROM {database}.otel_traces WHERE {TENANT} AND TraceId IN {{tids:Array(String)}} "
+        "AND SpanId IN {sids:Array(String)} GROUP BY TraceId, SpanId", p)
+    for t, sid, start, parent in rows:
+        if (t, sid) in by_key:
+            by_key[t, sid].update(start_time_unix_nano=int(start), parent_span_id=parent)
+    _, rows = await db.query(
+        f"SELECT trace_id, span_id, method, sum(cpu_ns), sum(inclusive_cpu_ns), "
+        f"sum(sample_count) FROM {database}.span_attribution_totals WHERE {TENANT} AND "
+        "trace_id IN {tids:Array(String)} AND span_id IN {sids:Array(String)} "
+        "GROUP BY trace_id, span_id, method ORDER BY trace_id, span_id, method", p)
+    for t, sid, m, cpu, incl, n in rows:
+        if (t, sid) not in by_key:
+            continue
+        s = by_key[t, sid]
+        if m in METHOD_SETS["exact"]:
+            s["sample_count"] += int(n)
+            s["method"] = ",".join(filter(None, (s["method"], m)))
+        else:
+            s.setdefault("approximate", {})[m] = {
+                "cpu_ns": int(cpu), "inclusive_cpu_ns": int(incl), "sample_count": int(n)}
+
+
+async def duration_histogram(db: Queryable, database: str, service: str,
+                             operation: str | None, rng: tuple[int, int], buckets: int = 40,
+                             *, tenant: str) -> dict[str, Any]:
+    """How the durations of a service's (or one operation's) calls spread over a range:
+    ``buckets`` log-spaced buckets from the shortest call to the longest, each with its
+    calls and the share of their time spent on CPU (inclusive, exact methods), and the
+    50th, 90th and 99th percentiles: where the slow 1% starts. ``tenant``'s calls."""
+    params: dict[str, Any] = {"tenant": tenant}
+    calls = _calls_sql(database, service, operation, rng, params)
+    (n, lo, hi, qs), = (await db.query(
+        f"SELECT count(), min(d), max(d), quantilesExact(0.5, 0.9, 0.99)(d) FROM ({calls})",
+        params))[1]
+    out: dict[str, Any] = {"service": service, "operation": operation, "from": rng[0],
+                           "to": rng[1], "calls": int(n), "buckets": []}
+    if not n:
+        out.update(p50_ns=None, p90_ns=None, p99_ns=None)
+        return out
+    out.update(p50_ns=int(qs[0]), p90_ns=int(qs[1]), p99_ns=int(qs[2]))
+    llo, lhi = math.log(max(1, int(lo))), math.log(int(hi) + 1)
+    step = (lhi - llo) / buckets
+    _, rows = await db.query(
+        f"SELECT least({{nb:UInt32}} - 1, toUInt32(floor((log(greatest(d, 1)) - {{llo:Float64}})"
+        f" / {{step:Float64}}))) AS b, count(), sum(d), sum(incl) FROM ({calls}) "
+        "GROUP BY b ORDER BY b", {**params, "nb": buckets, "llo": llo, "step": step})
+    got = {int(b): (int(c), int(d), int(i)) for b, c, d, i in rows}
+    for b in range(buckets):
+        c, d, i = got.get(b, (0, 0, 0))
+        out["buckets"].append({
+            "from_ns": int(math.exp(llo + b * step)), "to_ns": int(math.exp(llo + (b + 1) * step)),
+            "count": c, "cpu_share": min(1.0, i / d) if d else 0.0})
+    out["buckets"][0]["from_ns"] = int(lo)  # the edges are the calls' own at both ends
+    out["buckets"][-1]["to_ns"] = int(hi)
+    return out
+
+
+async def function_spans(db: Queryable, database: str, function: str, rng: tuple[int, int],
+                         *, service: str | None = None, operation: str | None = None,
+                         order: str = "cpu", limit: int = 20, method: str = "exact",
+                         tenant: str) -> dict[str, Any]:
+    """The reverse question: which of ``tenant``'s spans, and which traces, burnt most of
+    ``function`` (self CPU, or wall time with ``order="wall"``) in a range (span_functions:
+    every span's functions, read by function and minute). Samples labelled with a span id
+    alone (``trace_id = ''``) are given their trace through span_index."""
+    params: dict[str, Any] = {"tenant": tenant, "function": function, "lo": rng[0],
+                              "hi": rng[1], "methods": list(methods_of(method)),
+                              "limit": limit}
+    where = [TENANT, "function = {function:String}", "minute >= toDateTime({lo:UInt32})",
+             "minute < toDateTime({hi:UInt32})", "method IN {methods:Array(String)}"]
+    if service:
+        where.append("service = {service:String}")
+        params["service"] = service
+    if operation:
+        where.append("operation = {operation:String}")
+        params["operation"] = operation
+    w = " AND ".join(where)
+    rows_sql = f"""SELECT if(f.trace_id = '', ix.trace_id, f.trace_id) AS tid, f.span_id AS sid,
+       any(f.svc) AS service, any(f.op) AS operation, sum(f.c) AS fcpu, sum(f.w) AS fwall
+FROM (SELECT trace_id, span_id, any(service) AS svc, any(operation) AS op,
+             sum(self_cpu_ns) AS c, sum(self_wall_ns) AS w
+      FROM {database}.span_functions FINAL WHERE {w} GROUP BY trace_id, span_id) AS f
+LEFT JOIN (SELECT span_id, any(trace_id) AS trace_id FROM {database}.span_index
+           WHERE {TENANT} AND span_id IN (SELECT span_id FROM {database}.span_functions
+                                          WHERE {w} AND trace_id = '')
+           GROUP BY span_id) AS ix ON f.span_id = ix.span_id
+GROUP BY tid, sid
+SETTINGS join_use_nulls = 0"""
+    col = "fwall" if order == "wall" else "fcpu"
+    _, rows = await db.query(
+        f"SELECT tid, sid, service, operation, fcpu, fwall FROM ({rows_sql}) "
+        f"WHERE {col} > 0 ORDER BY {col} DESC, tid, sid LIMIT {{limit:UInt32}}", params)
+    spans = [{"trace_id": t, "span_id": s, "service": svc, "name": op,
+              "function_cpu_ns": int(c), "function_wall_ns": int(wl)}
+             for t, s, svc, op, c, wl in rows]
+    _, trows = await db.query(
+        f"SELECT tid, sum(fcpu) AS c, sum(fwall) AS wl, count() AS n, any(service), "
+        f"any(operation) FROM ({rows_sql}) WHERE {col} > 0 GROUP BY tid "
+        f"ORDER BY {'wl' if order == 'wall' else 'c'} DESC, tid LIMIT {{limit:UInt32}}",
+        params)
+    (cpu, wall, n_spans, n_traces), = (await db.query(
+        f"SELECT sum(fcpu), sum(fwall), countIf({col} > 0), uniqExactIf(tid, {col} > 0) "
+        f"FROM ({rows_sql})", params))[1]
+    figures = {(s["trace_id"], s["span_id"]): s for s in spans}
+    if spans:
+        cols, frows = await db.query(_spans_sql(
+            database, "t.trace_id IN {tids:Array(String)} AND t.span_id IN {sids:Array(String)}"
+            " AND t.method IN {methods:Array(String)}"),
+            {"tenant": tenant, "methods": params["methods"],
+             "tids": sorted({k[0] for k in figures}), "sids": sorted({k[1] for k in figures})})
+        for a in _dicts(cols, frows):
+            s = figures.get((a["trace_id"], a["span_id"]))
+            if s is not None:
+                s.update({k: a[k] for k in ("start_time_unix_nano", "duration_ns", "cpu_ns",
+                                            "inclusive_cpu_ns", "off_cpu_ns", "sample_count",
+                                            "method")})
+    return {"function": function, "from": rng[0], "to": rng[1], "order": order,
+            "cpu_ns": int(cpu or 0), "wall_ns": int(wall or 0), "span_count": int(n_spans),
+            "trace_count": int(n_traces), "spans": spans,
+            "traces": [{"trace_id": t, "function_cpu_ns": int(c), "function_wall_ns": int(wl),
+                        "spans": int(k), "service": svc, "name": op}
+                       for t, c, wl, k, svc, op in trows]}
+
+
+MAX_FLAME_NODES = 100_000
+
+
+def _flame_sql(database: str, stacks: str) -> str:
+    """The flame graph's nodes, from ``stacks`` (a query of ``stack_id, v``, the value
+    drawn, one tenant's; stacks with no value are not drawn):
+    each path from the root is a node (a hash of its frames, its parent's hash, its frame
+    and depth) with the value of every stack through it, merged in ClickHouse so that
+    only the nodes drawn cross to Python. The ``{max_nodes}`` largest are kept (by value,
+    then depth: a node's ancestors are never smaller, so the kept nodes form a tree).
+    A path's hash chains its parent's with its frame (``arrayFold``, ClickHouse 23.10+):
+    linear in the depth, where hashing each prefix was quadratic (10 000 stacks of 8-24
+    frames: ~100 ms against ~150 ms on the embedded engine)."""
+    return f"""WITH s AS ({stacks}),
+n AS (SELECT stack_id, reverse(any(functions)) AS f FROM {database}.profile_stacks
+      WHERE {TENANT} AND stack_id IN (SELECT stack_id FROM s) GROUP BY stack_id)
+SELECT h, any(up) AS parent, any(name) AS frame, any(depth) AS level, sum(v) AS value,
+       count() OVER () AS nodes
+FROM (SELECT s.v AS v, if(empty(n.f), ['[unknown stack]'], n.f) AS f,
+             arrayPopFront(arrayFold((acc, x) -> arrayPushBack(acc, cityHash64(acc[-1], x)),
+                                     f, [toUInt64(0)])) AS hs
+      FROM s LEFT JOIN n ON s.stack_id = n.stack_id WHERE s.v > 0)
+ARRAY JOIN hs AS h, arrayEnumerate(f) AS depth, f AS name,
+           arrayPushFront(arrayPopBack(hs), toUInt64(0)) AS up
+GROUP BY h"""
+
+
+async def _flame(db: Queryable, database: str, stacks: str, params: dict[str, Any],
+                 max_nodes: int, base: str | None = None, base_params: dict[str, Any] | None
+                 = None) -> dict[str, Any]:
+    """Total, stack count, CPU and wall (``stacks`` also has ``c`` and ``w``) and the
+    largest nodes of ``stacks``; with ``base`` (another ``stack_id, v`` query), its total
+    and each kept node's value there (``base_values``: hash -> value)."""
+    (total, n, cpu, wall), = (await db.query(
+        f"SELECT sum(v), countIf(v > 0), sum(c), sum(w) FROM ({stacks})", params))[1]
+    _, rows = await db.query(
+        _flame_sql(database, stacks) + " ORDER BY value DESC, level, h LIMIT {max_nodes:UInt32} "
+        "SETTINGS join_use_nulls = 0", {**params, "max_nodes": max_nodes})
+    out: dict[str, Any] = {
+        "total": int(total or 0), "stack_count": int(n), "cpu_ns": int(cpu or 0),
+        "wall_ns": int(wall or 0),
+        "nodes": [(int(h), int(up), name, int(v)) for h, up, name, _, v, _ in rows],
+        "nodes_left_out": int(rows[0][5]) - len(rows) if rows else 0}
+    if base is not None:
+        bp = {**(base_params or {}), "hs": [r[0] for r in out["nodes"]]}
+        (btotal, bn), = (await db.query(f"SELECT sum(v), countIf(v > 0) FROM ({base})",
+                                        bp))[1]
+        _, brows = await db.query(
+            f"SELECT h, value FROM ({_flame_sql(database, base)}) WHERE h IN {{hs:Array(UInt64)}} "
+            "SETTINGS join_use_nulls = 0", bp)
+        out.update(base_total=int(btotal or 0), base_stack_count=int(bn),
+                   base_values={int(h): int(v) for h, v in brows})
+    return out
+
+
+async def span_flame(db: Queryable, database: str, trace_id: str, span_id: str, *,
+                     children: bool = True, measure: str = "cpu", method: str = "exact",
+                     max_nodes: int = 10_000, tenant: str) -> dict[str, Any]:
+    """A span's flame graph (``_flame``) of CPU or wall time: the span alone, or with its
+    descendants in the same service (``children``, as ``span_stacks``); with the span's
+    CPU and wall totals (whichever is drawn)."""
+    methods = methods_of(method)
+    wanted = {span_id}
+    if children:
+        _, rows = await db.query(
+            f"SELECT SpanId, ParentSpanId, ServiceName FROM {database}.otel_traces "
+            f"WHERE {TENANT} AND TraceId = {{tid:String}}", {"tid": trace_id, "tenant": tenant})
+        kids: dict[str, list[str]] = {}
+        service = {s: svc for s, _, svc in rows}
+        for s_, p_, _ in rows:
+            kids.setdefault(p_, []).append(s_)
+        todo = [span_id]
+        while todo:
+            for c in kids.get(todo.pop(), []):
+                if c not in wanted and service.get(c) == service.get(span_id):
+                    wanted.add(c)
+                    todo.append(c)
+    params = {"tid": trace_id, "sids": sorted(wanted), "methods": list(methods),
+              "tenant": tenant}
+    where = (f"{TENANT} AND trace_id IN ({{tid:String}}, '') AND span_id IN "
+             "{sids:Array(String)} AND method IN {methods:Array(String)}")
+    col = "wall_ns" if measure == "wall" else "cpu_ns"
+    stacks = (f"SELECT stack_id, sum({col}) AS v, sum(cpu_ns) AS c, sum(wall_ns) AS w "
+              f"FROM {database}.span_stacks FINAL WHERE {where} GROUP BY stack_id")
+    got = await _flame(db, database, stacks, params, max_nodes)
+    return {"trace_id": trace_id, "span_id": span_id, "children": children,
+            "spans": len(wanted), "measure": measure, **got}
+
+
+async def operation_flame(db: Queryable, database: str, service: str, operation: str | None,
+                          rng: tuple[int, int], *, base: tuple[int, int] | None = None,
+                          method: str = "exact", max_nodes: int = 10_000, tenant: str
+                          ) -> dict[str, Any]:
+    """A service's (or one operation's) CPU flame graph over a range (op_stacks_minute);
+    with ``base``, the same paths' values over that range too, and each range's calls."""
+    methods = methods_of(method)
+    params: dict[str, Any] = {}
+    where = _op_where(tenant, service, operation, rng, methods, params)
+    stacks = (f"SELECT stack_id, sum(cpu_ns) AS v, v AS c, sum(wall_ns) AS w "
+              f"FROM {database}.op_stacks_minute WHERE {where} GROUP BY stack_id")
+    out: dict[str, Any] = {"service": service, "operation": operation, "from": rng[0],
+                           "to": rng[1], "measure": "cpu"}
+    if base is None:
+        return {**out, **await _flame(db, database, stacks, params, max_nodes)}
+    bparams: dict[str, Any] = {}
+    bwhere = _op_where(tenant, service, operation, base, methods, bparams)
+    bstacks = (f"SELECT stack_id, sum(cpu_ns) AS v FROM {database}.op_stacks_minute "
+               f"WHERE {bwhere} GROUP BY stack_id HAVING v > 0")
+    got = await _flame(db, database, stacks, params, max_nodes, bstacks, bparams)
+    return {**out, **got, "base_range": list(base),
+            "calls": await operation_calls(db, database, service, operation, rng,
+                                           method=method, tenant=tenant),
+            "base_calls": await operation_calls(db, database, service, operation, base,
+                                                method=method, tenant=tenant)}
+
+
+async def operation_calls(db: Queryable, database: str, service: str, operation: str | None,
+                          rng: tuple[int, int], method: str = "exact", *, tenant: str) -> int:
+    """How many calls of a service (or one operation) of ``tenant`` a range holds
+    (op_minute): what a differential flame graph compares per call."""
+    params: dict[str, Any] = {}
+    where = _op_where(tenant, service, operation, rng, methods_of(method), params)
+    _, rows = await db.query(
+        f"SELECT uniqExactMerge(calls) FROM {database}.op_minute WHERE {where}", params)
+    return int(rows[0][0] or 0) if rows else 0
+
+
+async def span(db: Queryable, database: str, trace_id: str, span_id: str,
+               method: str = "exact", *, tenant: str) -> dict[str, Any] | None:
+    """One span of ``tenant``'s trace as ``trace`` gives it (figures over the chosen
+    methods, the approximate ones apart, top functions), read by its ids alone: the span
+    view of a trace of thousands of spans needs one. None if neither its span record nor
+    any CPU for it was stored."""
+    methods = methods_of(method)
+    p = {"tid": trace_id, "sid": span_id, "tenant": tenant}
+    cols, rows = await db.query(
+        f"SELECT SpanId AS span_id, ParentSpanId AS parent_span_id, ServiceName AS service, "
+        f"SpanName AS name, toUnixTimestamp64Nano(Timestamp) AS start_time_unix_nano, "
+        f"Duration AS duration_ns FROM {database}.otel_traces "
+        f"WHERE {TENANT} AND TraceId = {{tid:String}} AND SpanId = {{sid:String}} LIMIT 1", p)
+    out: dict[str, Any] | None = None
+    for d in _dicts(cols, rows):
+        out = {**d, "trace_id": trace_id, "cpu_ns": 0, "inclusive_cpu_ns": 0, "wall_ns": 0,
+               "sample_count": 0, "off_cpu_ns": d["duration_ns"], "span_known": True,
+               "method": ""}
+    # every method's rows in one read of the view (it is the costly part): the chosen
+    # methods make the figures, the approximate others go apart
+    _, rows = await db.query(
+        f"SELECT method, max(service), max(name), max(parent_span_id), "
+        f"toUnixTimestamp64Nano(max(start_time)), max(duration_ns), sum(cpu_ns), "
+        f"sum(inclusive_cpu_ns), sum(wall_ns), sum(sample_count), max(span_known) "
+        f"FROM {database}.span_attribution_totals WHERE {TENANT} AND "
+        "trace_id = {tid:String} AND span_id = {sid:String} GROUP BY method ORDER BY method", p)
+    chosen = [r for r in rows if r[0] in methods]
+    if chosen:
+        cpu, incl, wall, n = (sum(int(r[k]) for r in chosen) for k in (6, 7, 8, 9))
+        if out is None:  # CPU for a span whose span record never arrived: as _spans_sql
+            top = [max(r[k] for r in chosen) for k in range(11)]
+            out = {"trace_id": trace_id, "span_id": span_id, "service": top[1],
+                   "name": top[2], "parent_span_id": top[3],
+                   "start_time_unix_nano": int(top[4]), "duration_ns": int(top[5]),
+                   "span_known": bool(top[10])}
+        out.update(cpu_ns=cpu, inclusive_cpu_ns=incl, wall_ns=wall, sample_count=n,
+                   method=",".join(sorted(r[0] for r in chosen)),
+                   off_cpu_ns=max(0, out["duration_ns"] - incl))
+    if out is None:
+        return None
+    for m, *_, cpu, incl, _, n, _ in rows:
+        if m in APPROXIMATE and m not in methods:
+            out.setdefault("approximate", {})[m] = {
+                "cpu_ns": cpu, "inclusive_cpu_ns": incl, "sample_count": n}
+    await _add_top_functions(db, database, [out], methods, tenant)
+    return out
