@@ -8,6 +8,7 @@ served (without a token, with a Content-Security-Policy and an ETag)."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
 import urllib.error
 import urllib.request
@@ -261,12 +262,14 @@ class TestQueries:
                                                   tenant=tenant)) == 0
 
     def test_every_function_needs_a_tenant(self) -> None:
-        """``tenant`` is a required keyword of each new query function."""
-        import inspect
-
-        for name in ("operations", "search_calls", "duration_histogram", "function_spans",
-                     "span_flame", "operation_flame", "operation_calls", "span"):
-            p = inspect.signature(getattr(queries, name)).parameters["tenant"]
+        """``tenant`` is a required keyword of each new query function: every public
+        function of ui_queries (so that one added later is checked too)."""
+        funcs = [f for n, f in vars(ui_queries).items() if inspect.iscoroutinefunction(f)
+                 and not n.startswith("_") and f.__module__ == ui_queries.__name__]
+        assert len(funcs) >= 8
+        for f in funcs:
+            name = f.__name__
+            p = inspect.signature(f).parameters["tenant"]
             assert p.kind is inspect.Parameter.KEYWORD_ONLY, name
             assert p.default is inspect.Parameter.empty, name
 
