@@ -260,9 +260,10 @@ def receiver_request(draw: Any, paths: list[str]) -> bytes:
 
 
 ADMIN_PATHS = ["/api/v1/spans", "/api/v1/functions", "/api/v1/diff", "/api/v1/stacks",
-               "/api/v1/why", "/health", "/metrics"]
-QUERY_PATHS = ["/api/v1/functions", "/api/v1/diff", "/api/v1/stacks",
-               "/api/v1/why"]  # the ranged ones
+               "/api/v1/why", "/health", "/metrics", "/ui/", "/ui/app.js", "/ui/../x"]
+QUERY_PATHS = ["/api/v1/functions", "/api/v1/diff", "/api/v1/stacks", "/api/v1/why",
+               "/api/v1/operations", "/api/v1/search", "/api/v1/histogram",
+               "/api/v1/function_spans", "/api/v1/flamegraph"]  # the ranged ones
 RANGES = st.one_of(
     st.sampled_from(["1900-01-01T00:00:00..", "1900-01-01T00:00:00..2000-01-01", "1h",
                      "1969-12-31T23:59:59..1h", "2106-02-08..2200-01-01", "2h..1h",
@@ -287,7 +288,13 @@ ADMIN_PARAMS = {"since": RANGES, "before": RANGES, "after": RANGES, "limit": LIM
                 "slowest": st.one_of(st.sampled_from(["1%", "50%", "50.1%", "0", "-1%", "nan%",
                                                       "inf", "1e-300", "%", "0.5"]),
                                      HOSTILE_TEXT),
-                "slower_than": st.one_of(RANGES, st.sampled_from(["1s", "0s", "1e30s"]))}
+                "slower_than": st.one_of(RANGES, st.sampled_from(["1s", "0s", "1e30s"])),
+                # the web UI's (issue #18)
+                "min_duration": LIMITS, "max_duration": st.sampled_from(["2s", "0", "-1s"]),
+                "min_cpu": st.sampled_from(["10ms", "nan", "1e400s"]), "buckets": LIMITS,
+                "function": NAMES, "children": st.sampled_from(["1", "0", "x"]),
+                "measure": st.sampled_from(["cpu", "wall", "x"]), "base": RANGES,
+                "max_nodes": LIMITS}
 
 
 @st.composite
