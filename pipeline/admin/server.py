@@ -13,7 +13,7 @@ the running pipeline, which asks ClickHouse on its own connection::
     GET /api/v1/why?service=S&operation=O&range=1h&slowest=1%|slower_than=1s[&stacks=1]  tail
     POST /api/v1/backfill, GET /api/v1/backfill/{job}   backfill jobs (admin/backfill.py)
 
-For the web UI (``/ui``, admin/webui.py, issue #18)::
+For the web UI (``/ui``: admin/webui.py serves it, admin/ui_api.py answers; issue #18)::
 
     GET /api/v1/operations?range=1h                 services and operations with calls
     GET /api/v1/search?service=S&operation=O&range=1h&min_duration=250ms&max_duration=2s
@@ -29,7 +29,7 @@ For the web UI (``/ui``, admin/webui.py, issue #18)::
 
 ``method``: ``exact`` (link + link+time, the default), ``all``, or a comma-separated list.
 
-Each answer is one tenant's (``_tenant``): the one the request's token maps to when the
+Each answer is one tenant's (``params.tenant_of``): the one the request's token maps to when the
 listener checks tokens, else the one ``X-Scope-OrgID`` names, else the default tenant
 (``request[TENANT]``, set by pipeline/receivers/authn.py; with a token, a header naming
 another tenant is refused there). Only tokens of ``admin_tenants`` read ``/metrics``.
@@ -50,33 +50,19 @@ import time
 from collections import Counter
 from typing import Any
 
-import msgspec
 import structlog
 from aiohttp import web
 
-from pipeline.admin import queries, ui_queries, webui, why
+from pipeline.admin import params, queries, webui, why
 from pipeline.admin.backfill import BackfillJobs
+from pipeline.admin.ui_api import UiApi
 from pipeline.auth import TokenAuth
-from pipeline.config import Duration
 from pipeline.config.tls import TlsConfig
 from pipeline.graph import Graph
 from pipeline.log import redact
 from pipeline.looplag import LoopLag
 from pipeline.receivers.authn import TENANT
 from pipeline.receivers.http import ServerLimits, serve
-from pipeline.records import DEFAULT_TENANT
-
-MAX_LIMIT = 10_000
-MAX_TEXT = 1024  # characters in a service or operation name
-
-
-def _json(data: Any, status: int = 200) -> web.Response:
-    return web.Response(body=msgspec.json.encode(data), status=status,
-                        content_type="application/json")
-
-
-def _error(status: int, message: str) -> web.Response:
-    return _json({"error": redact(message)}, status=status)
 
 
 class AdminServer:
@@ -110,12 +96,7 @@ class AdminServer:
         app.router.add_get("/api/v1/diff", self.diff)
         app.router.add_get("/api/v1/stacks", self.stacks)
         app.router.add_get("/api/v1/why", self.why)
-        app.router.add_get("/api/v1/operations", self.operations)
-        app.router.add_get("/api/v1/search", self.search)
-        app.router.add_get("/api/v1/histogram", self.histogram)
-        app.router.add_get("/api/v1/function_spans", self.function_spans)
-        app.router.add_get("/api/v1/flamegraph", self.flamegraph)
-        app.router.add_get("/api/v1/traces/{trace_id}/spans/{span_id}", self.span)
+        UiApi(self._answer, self._db, self._database).routes(app)
         ui = webui.StaticUi()
         ui.routes(app)
         if self.db is not None:
@@ -141,21 +122,22 @@ class AdminServer:
 
     async def health(self, request: web.Request) -> web.Response:
         if self.stopping:
-            return _json({"status": "stopping", "pid": os.getpid()}, status=503)
+            return params.json_response({"status": "stopping", "pid": os.getpid()}, status=503)
         # a component whose own loop died (``failed``) makes the process unhealthy, so
         # that an orchestrator restarts it rather than it idling with a 200
         failed = {key: redact(str(f)) for key, node in self.graph.nodes.items()
                   if (f := getattr(node.component, "failed", None))}
         if failed:
-            return _json({"status": "failed", "pid": os.getpid(), "failed": failed},
+            return params.json_response({"status": "failed", "pid": os.getpid(), "failed": failed},
                          status=503)
-        return _json({"status": "ok", "pid": os.getpid()})
+        return params.json_response({"status": "ok", "pid": os.getpid()})
 
     async def metrics(self, request: web.Request) -> web.Response:
         # every tenant's counters: with auth on, for the admin role only
         if self.auth is not None and not self.auth.is_admin(request[TENANT]):
-            return _error(403, "/metrics: the token's tenant does not have the admin role "
-                               "(extensions.<tenantauth>.admin_tenants)")
+            return params.error_response(
+                403, "/metrics: the token's tenant does not have the admin role "
+                "(extensions.<tenantauth>.admin_tenants)")
         lines = []
         for key, node in self.graph.nodes.items():
             kind, cid = key.split(":", 1)
@@ -193,294 +175,83 @@ class AdminServer:
         async def work(q: Any, now: float) -> Any:
             order = q.get("order", "cpu")
             if order not in ("cpu", "inclusive", "duration", "off_cpu"):
-                raise _BadRequest("order: expected cpu, inclusive, duration or off_cpu")
-            method, limit, service = _method(q), _limit(q), _text(q, "service")
+                raise params.BadRequest("order: expected cpu, inclusive, duration or off_cpu")
+            method, limit, service = params.method(q), params.limit(q), params.text(q, "service")
             return {"spans": await queries.top_spans(
                 self._db(), self._database(), order=order, limit=limit, service=service,
-                method=method, tenant=_tenant(request))}
+                method=method, tenant=params.tenant_of(request))}
         return await self._answer(request, work)
 
     async def _answer(self, request: web.Request, work: Any) -> web.Response:
-        """``work``'s answer as JSON; 400 for a bad parameter (``_BadRequest``, raised
+        """``work``'s answer as JSON; 400 for a bad parameter (``params.BadRequest``, raised
         before any query runs). Anything else is a server fault: the app's middleware
         logs it and answers 500."""
         if self.db is None:
-            return _error(404, "no clickhouse exporter in this pipeline: nothing to query")
+            return params.error_response(
+                404, "no clickhouse exporter in this pipeline: nothing to query")
         try:
-            return _json(await work(request.query, time.time()))
-        except _BadRequest as err:
-            return _error(400, str(err))
+            return params.json_response(await work(request.query, time.time()))
+        except params.BadRequest as err:
+            return params.error_response(400, str(err))
 
     async def functions(self, request: web.Request) -> web.Response:
         async def work(q: Any, now: float) -> Any:
-            service, operation = str(_text(q, "service", True)), _text(q, "operation")
-            rng, limit, method = _range(q, "since", now, "1h"), _limit(q), _method(q)
+            service, operation = str(params.text(q, "service", True)), params.text(q, "operation")
+            rng = params.time_range(q, "since", now, "1h")
+            limit, method = params.limit(q), params.method(q)
             return await queries.functions(self._db(), self._database(), service, operation,
                                            rng, limit=limit, method=method,
-                                           tenant=_tenant(request))
+                                           tenant=params.tenant_of(request))
         return await self._answer(request, work)
 
     async def diff(self, request: web.Request) -> web.Response:
         async def work(q: Any, now: float) -> Any:
-            service, operation = str(_text(q, "service", True)), _text(q, "operation")
-            before, after = _range(q, "before", now), _range(q, "after", now)
-            limit, method = _limit(q), _method(q)
+            service, operation = str(params.text(q, "service", True)), params.text(q, "operation")
+            before, after = params.time_range(q, "before", now), params.time_range(q, "after", now)
+            limit, method = params.limit(q), params.method(q)
             return await queries.diff(self._db(), self._database(), service, operation,
                                       before, after, limit=limit, method=method,
-                                      tenant=_tenant(request))
+                                      tenant=params.tenant_of(request))
         return await self._answer(request, work)
 
     async def stacks(self, request: web.Request) -> web.Response:
         async def work(q: Any, now: float) -> Any:
-            method = _method(q)
-            tid, sid = _param(q, "trace_id"), _param(q, "span_id")
+            method = params.method(q)
+            tid, sid = params.param(q, "trace_id"), params.param(q, "span_id")
             if tid or sid:
-                tid, sid = _hex_id(tid, "trace_id", 32), _hex_id(sid, "span_id", 16)
+                tid, sid = params.hex_id(tid, "trace_id", 32), params.hex_id(sid, "span_id", 16)
                 return await queries.span_stacks(self._db(), self._database(), tid, sid,
-                                                 method=method, tenant=_tenant(request))
-            service, operation = str(_text(q, "service", True)), _text(q, "operation")
-            rng = _range(q, "since", now, "1h")
+                                                 method=method, tenant=params.tenant_of(request))
+            service, operation = str(params.text(q, "service", True)), params.text(q, "operation")
+            rng = params.time_range(q, "since", now, "1h")
             return await queries.operation_stacks(self._db(), self._database(), service,
                                                   operation, rng, method=method,
-                                                  tenant=_tenant(request))
+                                                  tenant=params.tenant_of(request))
         return await self._answer(request, work)
 
     async def why(self, request: web.Request) -> web.Response:
         async def work(q: Any, now: float) -> Any:
-            service = str(_text(q, "service", True))
-            operation = str(_text(q, "operation", True))
-            rng, limit, method = _range(q, "range", now, "1h"), _limit(q), _method(q)
-            slowest, slower_than = _tail_rule(q)
+            service = str(params.text(q, "service", True))
+            operation = str(params.text(q, "operation", True))
+            rng = params.time_range(q, "range", now, "1h")
+            limit, method = params.limit(q), params.method(q)
+            slowest, slower_than = params.tail_rule(q)
             return await why.why(self._db(), self._database(), service, operation, rng,
                                  slowest=slowest, slower_than_ns=slower_than, method=method,
                                  limit=limit, stacks=q.get("stacks") in ("1", "true"),
-                                 tenant=_tenant(request))
+                                 tenant=params.tenant_of(request))
         return await self._answer(request, work)
-
-    async def operations(self, request: web.Request) -> web.Response:
-        async def work(q: Any, now: float) -> Any:
-            return await ui_queries.operations(self._db(), self._database(),
-                                            _range(q, "range", now, "1h"),
-                                            tenant=_tenant(request))
-        return await self._answer(request, work)
-
-    async def search(self, request: web.Request) -> web.Response:
-        async def work(q: Any, now: float) -> Any:
-            service, operation = _text(q, "service"), _text(q, "operation")
-            order = _choice(q, "order", tuple(ui_queries.SEARCH_ORDERS), "duration")
-            rng, limit = _range(q, "range", now, "1h"), _limit(q)
-            return await ui_queries.search_calls(
-                self._db(), self._database(), rng, service=service, operation=operation,
-                min_duration_ns=_duration_ns(q, "min_duration", 0),
-                max_duration_ns=_duration_ns(q, "max_duration", ui_queries.MAX_NS),
-                min_cpu_ns=_duration_ns(q, "min_cpu", 0), order=order, limit=limit,
-                tenant=_tenant(request))
-        return await self._answer(request, work)
-
-    async def histogram(self, request: web.Request) -> web.Response:
-        async def work(q: Any, now: float) -> Any:
-            service, operation = str(_text(q, "service", True)), _text(q, "operation")
-            buckets = _int(q, "buckets", 1, 200, 40)
-            return await ui_queries.duration_histogram(
-                self._db(), self._database(), service, operation,
-                _range(q, "range", now, "1h"), buckets, tenant=_tenant(request))
-        return await self._answer(request, work)
-
-    async def function_spans(self, request: web.Request) -> web.Response:
-        async def work(q: Any, now: float) -> Any:
-            function = str(_text(q, "function", True))
-            service, operation = _text(q, "service"), _text(q, "operation")
-            order = _choice(q, "order", ("cpu", "wall"), "cpu")
-            rng, limit, method = _range(q, "range", now, "1h"), _limit(q), _method(q)
-            return await ui_queries.function_spans(
-                self._db(), self._database(), function, rng, service=service,
-                operation=operation, order=order, limit=limit, method=method,
-                tenant=_tenant(request))
-        return await self._answer(request, work)
-
-    async def flamegraph(self, request: web.Request) -> web.Response:
-        async def work(q: Any, now: float) -> Any:
-            method, tenant = _method(q), _tenant(request)
-            max_nodes = _int(q, "max_nodes", 1, ui_queries.MAX_FLAME_NODES, 10_000)
-            tid, sid = _param(q, "trace_id"), _param(q, "span_id")
-            if tid or sid:
-                tid, sid = _hex_id(tid, "trace_id", 32), _hex_id(sid, "span_id", 16)
-                children = _choice(q, "children", ("1", "0", "true", "false"), "1")
-                measure = _choice(q, "measure", ("cpu", "wall"), "cpu")
-                got = await ui_queries.span_flame(
-                    self._db(), self._database(), tid, sid, children=children in ("1", "true"),
-                    measure=measure, method=method, max_nodes=max_nodes, tenant=tenant)
-                return _flame_answer(got)
-            service, operation = str(_text(q, "service", True)), _text(q, "operation")
-            rng = _range(q, "range", now, "1h")
-            base = _range(q, "base", now) if _param(q, "base") else None
-            return _flame_answer(await ui_queries.operation_flame(
-                self._db(), self._database(), service, operation, rng, base=base,
-                method=method, max_nodes=max_nodes, tenant=tenant))
-        return await self._answer(request, work)
-
-    async def span(self, request: web.Request) -> web.Response:
-        async def work(q: Any, now: float) -> Any:
-            tid = _hex_id(request.match_info["trace_id"], "trace_id", 32)
-            sid = _hex_id(request.match_info["span_id"], "span_id", 16)
-            result = await ui_queries.span(self._db(), self._database(), tid, sid,
-                                        method=_method(q), tenant=_tenant(request))
-            if result is None:
-                raise _NotFound(f"span {sid} of trace {tid} not found")
-            return result
-        try:
-            return await self._answer(request, work)
-        except _NotFound as err:
-            return _error(404, str(err))
 
     async def trace(self, request: web.Request) -> web.Response:
         async def work(q: Any, now: float) -> Any:
-            tid = _hex_id(request.match_info["trace_id"], "trace_id", 32)
-            result = await queries.trace(self._db(), self._database(), tid, method=_method(q),
-                                         tenant=_tenant(request))
+            tid = params.hex_id(request.match_info["trace_id"], "trace_id", 32)
+            result = await queries.trace(self._db(), self._database(), tid, method=params.method(q),
+                                         tenant=params.tenant_of(request))
             if not result["spans"]:
-                raise _NotFound(f"trace {tid} not found")
+                raise params.NotFound(f"trace {tid} not found")
             return result
         try:
             return await self._answer(request, work)
-        except _NotFound as err:
-            return _error(404, str(err))
+        except params.NotFound as err:
+            return params.error_response(404, str(err))
 
-
-def _tenant(request: web.Request) -> str:
-    """Whose data a request may see: what the listener's middleware resolved (``authn``):
-    the tenant its token maps to with auth on, else ``X-Scope-OrgID``'s or the default
-    tenant. A ``tenant`` query parameter is never read."""
-    return request.get(TENANT) or DEFAULT_TENANT
-
-
-def _limit(q: Any) -> int:
-    try:
-        limit = int(q.get("limit", "20"))
-    except ValueError:
-        raise _BadRequest("limit: expected an integer") from None
-    if not 1 <= limit <= MAX_LIMIT:
-        raise _BadRequest(f"limit: expected 1..{MAX_LIMIT}")
-    return limit
-
-
-class _BadRequest(Exception):
-    """A query parameter is wrong: 400, its message names the parameter."""
-
-
-class _NotFound(Exception):
-    pass
-
-
-def _param(q: Any, name: str, required: bool = False) -> str | None:
-    v = q.get(name) or None
-    if required and v is None:
-        raise _BadRequest(f"{name}: required")
-    return str(v) if v is not None else None
-
-
-def _text(q: Any, name: str, required: bool = False) -> str | None:
-    """A name compared with stored ones (service, operation): printable, bounded."""
-    v = _param(q, name, required)
-    if v is None:
-        return None
-    if len(v) > MAX_TEXT:
-        raise _BadRequest(f"{name}: longer than {MAX_TEXT} characters")
-    if any(ord(c) < 32 or 127 <= ord(c) < 160 or 0xD800 <= ord(c) < 0xE000 for c in v):
-        raise _BadRequest(f"{name}: control characters, NUL and lone surrogates are not "
-                          "allowed")
-    return v
-
-
-def _hex_id(v: str | None, name: str, length: int) -> str:
-    """A trace (32) or span (16) id as lowercase hex."""
-    v = (v or "").lower()
-    if len(v) != length or not all(c in "0123456789abcdef" for c in v):
-        raise _BadRequest(f"{name}: expected {length} hex characters")
-    return v
-
-
-def _range(q: Any, name: str, now: float, default: str | None = None) -> tuple[int, int]:
-    spec = _param(q, name, default is None) or str(default)
-    try:
-        return queries.parse_range(spec, now, name)
-    except ValueError as err:
-        raise _BadRequest(str(err)) from None
-
-
-def _tail_rule(q: Any) -> tuple[float | None, int | None]:
-    """``slowest`` (``1%`` or ``0.01``: up to half of the calls; the default, 1%) or
-    ``slower_than`` (a duration: ``1s``, ``250ms``), not both."""
-    slowest, slower = _param(q, "slowest"), _param(q, "slower_than")
-    if slowest and slower:
-        raise _BadRequest("slowest: give slowest or slower_than, not both")
-    if slower:
-        try:
-            ns = int(Duration.parse(slower) * 1e9)
-        except ValueError as err:
-            raise _BadRequest(f"slower_than: {err}") from None
-        if not 0 <= ns < 2**63:
-            raise _BadRequest("slower_than: out of range")
-        return None, ns
-    text = (slowest or "1%").strip()
-    try:
-        frac = float(text[:-1]) / 100 if text.endswith("%") else float(text)
-    except ValueError:
-        raise _BadRequest("slowest: expected a share of the calls such as 1% or 0.01") \
-            from None
-    if not 0 < frac <= 0.5:
-        raise _BadRequest("slowest: expected more than 0 and at most 50%")
-    return frac, None
-
-
-def _flame_answer(got: dict[str, Any]) -> dict[str, Any]:
-    """A flame graph query's answer with its nodes as a tree (webui.flame_tree); with a
-    base range, compared per call when both ranges have calls, else per second."""
-    nodes, base = got.pop("nodes"), got.pop("base_values", None)
-    if base is None:
-        return {**got, "unit": "ns", "tree": webui.flame_tree(nodes, got["total"])}
-    per_call = bool(got["calls"] and got["base_calls"])
-    scale = got["calls"] / got["base_calls"] if per_call else \
-        (got["to"] - got["from"]) / max(1, got["base_range"][1] - got["base_range"][0])
-    return {**got, "unit": "ns", "unit_of_diff": "per_call" if per_call else "per_second",
-            "tree": webui.flame_tree(nodes, got["total"], base, got["base_total"], scale)}
-
-
-def _choice(q: Any, name: str, options: tuple[str, ...], default: str) -> str:
-    v = _param(q, name) or default
-    if v not in options:
-        raise _BadRequest(f"{name}: expected {', '.join(options[:-1])} or {options[-1]}")
-    return v
-
-
-def _int(q: Any, name: str, lo: int, hi: int, default: int) -> int:
-    try:
-        v = int(_param(q, name) or default)
-    except ValueError:
-        raise _BadRequest(f"{name}: expected an integer") from None
-    if not lo <= v <= hi:
-        raise _BadRequest(f"{name}: expected {lo}..{hi}")
-    return v
-
-
-def _duration_ns(q: Any, name: str, default: int) -> int:
-    """A duration (``250ms``, ``1.5s``, ``0``) in ns, within 0..2^63-1."""
-    v = _param(q, name)
-    if v is None:
-        return default
-    try:
-        ns = int(Duration.parse(v) * 1e9)
-    except (ValueError, OverflowError):
-        raise _BadRequest(f"{name}: expected a duration such as 250ms or 1.5s") from None
-    if not 0 <= ns <= ui_queries.MAX_NS:
-        raise _BadRequest(f"{name}: out of range")
-    return ns
-
-
-def _method(q: Any) -> str:
-    method = str(q.get("method", "exact"))
-    try:
-        queries.methods_of(method)
-    except ValueError as err:
-        raise _BadRequest(str(err)) from None
-    return method

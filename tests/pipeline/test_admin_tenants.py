@@ -16,7 +16,8 @@ import msgspec
 import pytest
 
 from pipeline.admin import queries
-from pipeline.admin.server import AdminServer, _tenant
+from pipeline.admin.params import tenant_of as _tenant
+from pipeline.admin.server import AdminServer
 from pipeline.auth import AuthConfig, TokenAuth
 from pipeline.exporters.clickhouse.exporter import ClickHouseExporter, Config
 from pipeline.graph import Graph, Node
