@@ -232,3 +232,66 @@ admin:
 telemetry:
   logs: {level: {{ .root.Values.logs.level }}, encoding: {{ .root.Values.logs.encoding }}}
 {{- end -}}
+
+{{- /* A backfill pod: `spanprof backfill ARGS -c <the correlator's config> --format json`,
+with the correlator's Secrets and ClickHouse password (templates/backfill.yaml). */ -}}
+{{- define "spanprof.backfillPod" -}}
+{{- $root := .root }}
+{{- $b := $root.Values.backfill -}}
+restartPolicy: Never
+{{- with $root.Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+securityContext:
+  runAsNonRoot: true
+  runAsUser: 10001
+  fsGroup: 10001
+containers:
+  - name: backfill
+    image: {{ include "spanprof.image" $root }}
+    imagePullPolicy: {{ $root.Values.image.pullPolicy }}
+    args: {{ concat (list "backfill") .args (list "-c" "/etc/spanprof/pipeline.yaml" "--format" "json" "--workers" (toString $b.workers)) | toJson }}
+    {{- if $root.Values.clickhouse.passwordSecret.name }}
+    env:
+      - name: CLICKHOUSE_PASSWORD
+        valueFrom:
+          secretKeyRef:
+            name: {{ $root.Values.clickhouse.passwordSecret.name }}
+            key: {{ $root.Values.clickhouse.passwordSecret.key }}
+    {{- end }}
+    securityContext:
+      allowPrivilegeEscalation: false
+      readOnlyRootFilesystem: true
+    volumeMounts:
+      - {name: config, mountPath: /etc/spanprof, readOnly: true}
+      - {name: tmp, mountPath: /tmp}
+      {{- with include "spanprof.secretMounts" (dict "root" $root "tier" "correlator") | trim }}
+      {{- . | nindent 6 }}
+      {{- end }}
+    {{- with $b.resources }}
+    resources:
+      {{- toYaml . | nindent 6 }}
+    {{- end }}
+volumes:
+  - name: config
+    configMap:
+      name: {{ include "spanprof.fullname" $root }}-correlator
+  - name: tmp
+    emptyDir: {}
+  {{- with include "spanprof.secretVolumes" (dict "root" $root "tier" "correlator") | trim }}
+  {{- . | nindent 2 }}
+  {{- end }}
+{{- with $b.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $b.affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $b.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
