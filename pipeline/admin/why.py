@@ -47,6 +47,7 @@ ATTRIBUTE_MINUTES = 10  # minutes read for attributes: those with the most tail 
 MAX_ATTRIBUTE_SPANS = 20_000  # spans read for attributes
 MAX_ATTRIBUTES = 200  # attribute keys compared (the most frequent)
 MAX_VALUE = 200  # characters of an attribute value kept
+MIN_SEPARATION = 0.05  # attributes that set the groups apart less are not listed
 MAX_DISTINCT_SHARE = 0.5  # a key with more distinct values than this share of calls is an id
 Z = 1.96  # 95%
 NEGLIGIBLE = 0.001  # a function's difference below this share of a tail call's duration
@@ -369,6 +370,7 @@ async def _attributes(db: Queryable, database: str, minutes: list[int], p: dict[
                     "tail": {"share": ct[top] / n_t, "calls": n_t},
                     "typical": {"share": cs[top] / n_s, "calls": n_s},
                     "few": n_t < FEW_CALLS})
+    out = [a for a in out if a["separation"] >= MIN_SEPARATION]
     out.sort(key=lambda a: (-float(a["separation"]), str(a["key"])))
     return out[:limit]
 

@@ -146,6 +146,29 @@ class TestOperationView:
         screenshot(page, "operation-diff", docs=True)
 
 
+class TestWhyView:
+    def test_from_the_histogram_to_why(self, pipeline: Pipeline, page: Any) -> None:
+        """The search's "why are they slow?" compares the selected tail (here the slowest
+        1%: the one slow call) with the typical calls: the verdict (it waits: 2.4 s of
+        which 0.94 s on CPU, children included), both groups per call, the one tail call
+        marked too few to trust, and the tail's differential flame graph."""
+        sp, _ = pipeline
+        open_view(page, sp, "#/search?service=checkout&operation=place_order&range=1h")
+        page.click("#slowest")
+        ready(page)
+        page.click("#why")
+        ready(page)
+        assert "#/why?" in page.url and "slower_than=" in page.url
+        verdict = page.inner_text(".verdict")
+        assert f"{TYPICAL + 1} calls" in verdict and "waiting" in verdict, verdict
+        groups = page.inner_text("table.groups")
+        assert "tail (1)" in groups and f"typical ({TYPICAL})" in groups
+        assert "2.40 s" in groups  # the tail's duration per call
+        assert page.locator("table.groups .few").count() >= 1  # one call: too few
+        assert page.locator("section.flame g.frame").count() >= 1
+        screenshot(page, "why", docs=True)
+
+
 class TestLinksAndSchemes:
     def test_deep_links_keep_the_state(self, pipeline: Pipeline, page: Any) -> None:
         """A span view's URL with a search and a zoom opens as it was left; a histogram

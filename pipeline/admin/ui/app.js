@@ -1,6 +1,7 @@
 // The UI's router: the URL's hash names a view and holds its whole state
 // (#/search?service=..., #/trace/ID?span=..., #/span/TRACE/SPAN?children=0, #/operation?...,
-// #/function?name=...), so every screen is a link to share or bookmark. Each view renders
+// #/function?name=..., #/why?service=...&operation=...&slowest=1%), so every screen is a
+// link to share or bookmark. Each view renders
 // into <main> and resolves when its data is on screen; then <body data-ready="1"> (what the
 // tests and the page-load benchmark wait for).
 import { ApiError, h, setToken } from "./lib.js";
@@ -9,8 +10,9 @@ import * as operation from "./views/operation.js";
 import * as search from "./views/search.js";
 import * as span from "./views/span.js";
 import * as trace from "./views/trace.js";
+import * as why from "./views/why.js";
 
-const VIEWS = { search, trace, span, operation, function: fn };
+const VIEWS = { search, trace, span, operation, function: fn, why };
 const main = document.getElementById("main");
 let generation = 0;
 
@@ -30,7 +32,7 @@ async function route() {
   const { name, args, params } = parse();
   const view = VIEWS[name] || search;
   for (const a of document.querySelectorAll("[data-nav]")) {
-    a.toggleAttribute("aria-current", a.dataset.nav === (name === "trace" || name === "span" ? "search" : name));
+    a.toggleAttribute("aria-current", a.dataset.nav === (["trace", "span", "why"].includes(name) ? "search" : name));
   }
   const root = h("div", { class: `view view-${name}` });
   main.replaceChildren(root);

@@ -100,6 +100,11 @@ function drawHistogram(box, hist, p) {
     h("div", { class: "hist-head" },
       h("span", {}, `${hist.calls} calls · p50 ${dur(hist.p50_ns)} · p90 ${dur(hist.p90_ns)} · p99 ${dur(hist.p99_ns)}`),
       h("a", { href: slowest, class: "button", id: "slowest" }, "slowest 1%"),
+      p.service && p.operation
+        ? h("a", { href: link("why", { service: p.service, operation: p.operation, range: p.range,
+          ...(p.min_duration ? { slower_than: justUnder(p.min_duration) } : { slowest: "1%" }) }),
+        class: "button", id: "why" }, "why are they slow? →")
+        : null,
       (p.min_duration || p.max_duration)
         ? h("a", { href: link("search", { ...p, min_duration: "", max_duration: "" }), class: "button" }, "clear selection")
         : null,
@@ -151,4 +156,11 @@ function drawCalls(box, got, p) {
     const tr = ev.target.closest("tr.call");
     if (tr && !ev.target.closest("a")) location.hash = tr.dataset.href;
   });
+}
+
+/** why's slower_than for the search's min_duration: "at least 2400ms" is "slower than
+ * 2399.999ms" (durations are whole µs here, as durParam writes them). */
+function justUnder(minDuration) {
+  const m = /^([0-9.]+)ms$/.exec(minDuration);
+  return m ? `${Math.max(0, +m[1] - 0.001).toFixed(3)}ms` : minDuration;
 }
