@@ -233,55 +233,103 @@ telemetry:
   logs: {level: {{ .root.Values.logs.level }}, encoding: {{ .root.Values.logs.encoding }}}
 {{- end -}}
 
-{{- /* A backfill pod: `spanprof backfill ARGS -c <the correlator's config> --format json`,
-with the correlator's Secrets and ClickHouse password (templates/backfill.yaml). */ -}}
+{{/* The correlator's pod wiring: its Deployment's and the backfill pods' (which run on its
+config, Secrets and ClickHouse password), written once so that the two cannot drift. */}}
+{{- define "spanprof.correlator.podSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: 10001
+fsGroup: 10001  # group owner of the mounted Secrets' files (mode 0440)
+{{- end -}}
+
+{{- define "spanprof.correlator.securityContext" -}}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+{{- end -}}
+
+{{/* env entries (none without a password Secret): the config reads ${env:CLICKHOUSE_PASSWORD} */}}
+{{- define "spanprof.correlator.env" -}}
+{{- with .Values.clickhouse.passwordSecret.name }}
+- name: CLICKHOUSE_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ . }}
+      key: {{ $.Values.clickhouse.passwordSecret.key }}
+{{- end }}
+{{- end -}}
+
+{{- define "spanprof.correlator.volumeMounts" -}}
+- {name: config, mountPath: /etc/spanprof, readOnly: true}
+- {name: tmp, mountPath: /tmp}
+{{- with include "spanprof.secretMounts" (dict "root" . "tier" "correlator") | trim }}
+{{ . }}
+{{- end }}
+{{- end -}}
+
+{{- define "spanprof.correlator.volumes" -}}
+- name: config
+  configMap:
+    name: {{ include "spanprof.fullname" . }}-correlator
+- name: tmp
+  emptyDir: {}
+{{- with include "spanprof.secretVolumes" (dict "root" . "tier" "correlator") | trim }}
+{{ . }}
+{{- end }}
+{{- end -}}
+
+{{- /* A backfill pod: `spanprof backfill ARGS --job ID -c <the correlator's config> --format
+json --workers N` on the correlator's pod wiring (templates/backfill.yaml). .job: the ledger's
+job id, or "" for the pod's Job name (a CronJob's run: each its own job; a retried pod resumes
+it); none when ARGS name one. */ -}}
 {{- define "spanprof.backfillPod" -}}
 {{- $root := .root }}
-{{- $b := $root.Values.backfill -}}
+{{- $b := $root.Values.backfill }}
+{{- $args := list }}
+{{- $own := true }}
+{{- range .args }}
+{{- $args = append $args (toString .) }}
+{{- if or (eq (toString .) "--job") (hasPrefix "--job=" (toString .)) }}
+{{- $own = false }}
+{{- end }}
+{{- end }}
+{{- if $own }}
+{{- $args = concat $args (list "--job" (.job | default "$(SPANPROF_JOB)")) }}
+{{- end -}}
 restartPolicy: Never
 {{- with $root.Values.imagePullSecrets }}
 imagePullSecrets:
   {{- toYaml . | nindent 2 }}
 {{- end }}
 securityContext:
-  runAsNonRoot: true
-  runAsUser: 10001
-  fsGroup: 10001
+  {{- include "spanprof.correlator.podSecurityContext" $root | nindent 2 }}
 containers:
   - name: backfill
     image: {{ include "spanprof.image" $root }}
     imagePullPolicy: {{ $root.Values.image.pullPolicy }}
-    args: {{ concat (list "backfill") .args (list "-c" "/etc/spanprof/pipeline.yaml" "--format" "json" "--workers" (toString $b.workers)) | toJson }}
-    {{- if $root.Values.clickhouse.passwordSecret.name }}
+    args: {{ concat (list "backfill") $args (list "-c" "/etc/spanprof/pipeline.yaml" "--format" "json" "--workers" (toString $b.workers)) | toJson }}
+    {{- $env := include "spanprof.correlator.env" $root | trim }}
+    {{- if or $env (and $own (not .job)) }}
     env:
-      - name: CLICKHOUSE_PASSWORD
-        valueFrom:
-          secretKeyRef:
-            name: {{ $root.Values.clickhouse.passwordSecret.name }}
-            key: {{ $root.Values.clickhouse.passwordSecret.key }}
-    {{- end }}
-    securityContext:
-      allowPrivilegeEscalation: false
-      readOnlyRootFilesystem: true
-    volumeMounts:
-      - {name: config, mountPath: /etc/spanprof, readOnly: true}
-      - {name: tmp, mountPath: /tmp}
-      {{- with include "spanprof.secretMounts" (dict "root" $root "tier" "correlator") | trim }}
+      {{- with $env }}
       {{- . | nindent 6 }}
       {{- end }}
+      {{- if and $own (not .job) }}
+      # the Job the CronJob started (a label Kubernetes sets on its pods)
+      - name: SPANPROF_JOB
+        valueFrom:
+          fieldRef:
+            fieldPath: metadata.labels['job-name']
+      {{- end }}
+    {{- end }}
+    securityContext:
+      {{- include "spanprof.correlator.securityContext" $root | nindent 6 }}
+    volumeMounts:
+      {{- include "spanprof.correlator.volumeMounts" $root | nindent 6 }}
     {{- with $b.resources }}
     resources:
       {{- toYaml . | nindent 6 }}
     {{- end }}
 volumes:
-  - name: config
-    configMap:
-      name: {{ include "spanprof.fullname" $root }}-correlator
-  - name: tmp
-    emptyDir: {}
-  {{- with include "spanprof.secretVolumes" (dict "root" $root "tier" "correlator") | trim }}
-  {{- . | nindent 2 }}
-  {{- end }}
+  {{- include "spanprof.correlator.volumes" $root | nindent 2 }}
 {{- with $b.nodeSelector }}
 nodeSelector:
   {{- toYaml . | nindent 2 }}
