@@ -55,6 +55,7 @@ from aiohttp import web
 
 from pipeline.admin import params, queries, webui, why
 from pipeline.admin.backfill import BackfillJobs
+from pipeline.admin.querier import Querier
 from pipeline.admin.ui_api import UiApi
 from pipeline.auth import TokenAuth
 from pipeline.config.tls import TlsConfig
@@ -97,6 +98,7 @@ class AdminServer:
         app.router.add_get("/api/v1/stacks", self.stacks)
         app.router.add_get("/api/v1/why", self.why)
         UiApi(self._answer, self._db, self._database).routes(app)
+        Querier(lambda: self.db, self._database).routes(app)  # Grafana (querier.py)
         ui = webui.StaticUi()
         ui.routes(app)
         if self.db is not None:
