@@ -74,6 +74,7 @@ class UiApi:
         async def work(q: Any, now: float) -> Any:
             method, tenant = params.method(q), params.tenant_of(request)
             max_nodes = params.integer(q, "max_nodes", 1, ui_queries.MAX_FLAME_NODES, 10_000)
+            fmt = params.choice(q, "format", ("tree", "nodes"), "tree")
             tid, sid = params.param(q, "trace_id"), params.param(q, "span_id")
             if tid or sid:
                 tid, sid = params.hex_id(tid, "trace_id", 32), params.hex_id(sid, "span_id", 16)
@@ -82,13 +83,13 @@ class UiApi:
                 got = await ui_queries.span_flame(
                     self.db(), self.database(), tid, sid, children=children in ("1", "true"),
                     measure=measure, method=method, max_nodes=max_nodes, tenant=tenant)
-                return _flame_answer(got)
+                return _flame_answer(got, fmt)
             service, operation = str(params.text(q, "service", True)), params.text(q, "operation")
             rng = params.time_range(q, "range", now, "1h")
             base = params.time_range(q, "base", now) if params.param(q, "base") else None
             return _flame_answer(await ui_queries.operation_flame(
                 self.db(), self.database(), service, operation, rng, base=base,
-                method=method, max_nodes=max_nodes, tenant=tenant))
+                method=method, max_nodes=max_nodes, tenant=tenant), fmt)
         return await self.answer(request, work)
 
     async def span(self, request: web.Request) -> web.Response:
@@ -106,14 +107,17 @@ class UiApi:
             return params.error_response(404, str(err))
 
 
-def _flame_answer(got: dict[str, Any]) -> dict[str, Any]:
-    """A flame graph query's answer with its nodes as a tree (webui.flame_tree); with a
-    base range, compared per call when both ranges have calls, else per second."""
+def _flame_answer(got: dict[str, Any], fmt: str = "tree") -> dict[str, Any]:
+    """A flame graph query's answer with its nodes as a tree (webui.flame_tree), or with
+    ``fmt="nodes"`` as flat lists under ``graph`` (webui.flame_nodes, what the UI asks
+    for); with a base range, compared per call when both ranges have calls, else per
+    second."""
     nodes, base = got.pop("nodes"), got.pop("base_values", None)
+    key, encode = ("graph", webui.flame_nodes) if fmt == "nodes" else ("tree", webui.flame_tree)
     if base is None:
-        return {**got, "unit": "ns", "tree": webui.flame_tree(nodes, got["total"])}
+        return {**got, "unit": "ns", key: encode(nodes, got["total"])}
     per_call = bool(got["calls"] and got["base_calls"])
     scale = got["calls"] / got["base_calls"] if per_call else \
         (got["to"] - got["from"]) / max(1, got["base_range"][1] - got["base_range"][0])
     return {**got, "unit": "ns", "unit_of_diff": "per_call" if per_call else "per_second",
-            "tree": webui.flame_tree(nodes, got["total"], base, got["base_total"], scale)}
+            key: encode(nodes, got["total"], base, got["base_total"], scale)}

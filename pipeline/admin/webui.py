@@ -107,3 +107,32 @@ def flame_tree(nodes: Iterable[tuple[int, int, str, int]], total: int,
             todo.append((ch, node))
         parent["c"] = out
     return root
+
+
+def flame_nodes(nodes: Iterable[tuple[int, int, str, int]], total: int,
+                base: dict[int, int] | None = None, base_total: int = 0,
+                scale: float = 1.0) -> dict[str, Any]:
+    """The same flame graph as ``flame_tree``, in the compact form the UI reads
+    (``format=nodes``): ``frames``, each name once, and ``nodes``, four numbers per node
+    in one flat list: its parent's position in the list (-1: the root ``all``, worth
+    ``total``), its frame's position in ``frames``, its value, and with ``base`` its
+    difference (``flame_tree``'s ``d``; else 0). Parents come before their children (the
+    query's order: by value, then depth); a node whose parent is not among them is left
+    out. A third of the tree's JSON, no object per node to build here or to parse there:
+    a span's 10 000 frames took 12-50 ms as a tree in Python."""
+    frames: dict[str, int] = {}
+    at: dict[int, int] = {0: -1}
+    flat: list[int] = []
+    for h, up, name, value in nodes:
+        parent = at.get(up)
+        if parent is None:
+            continue
+        at[h] = len(flat) // 4
+        fi = frames.setdefault(name, len(frames))
+        d = value - round(base.get(h, 0) * scale) if base is not None else 0
+        flat += (parent, fi, value, d)
+    out: dict[str, Any] = {"total": total, "frames": list(frames), "nodes": flat}
+    if base is not None:
+        out["total_d"] = total - round(base_total * scale)
+    return out
+

@@ -21,7 +21,7 @@ import pytest
 
 from pipeline.admin import queries, ui_queries
 from pipeline.admin.server import AdminServer
-from pipeline.admin.webui import StaticUi, flame_tree
+from pipeline.admin.webui import StaticUi, flame_nodes, flame_tree
 from pipeline.auth import AuthConfig, TokenAuth
 from pipeline.exporters.clickhouse.exporter import ClickHouseExporter, Config
 from pipeline.graph import Graph, Node
@@ -240,6 +240,36 @@ class TestQueries:
         assert await ui_queries.span(store, "spanprof", tid, "00" * 8, tenant="a") is None
         assert await ui_queries.span(store, "spanprof", tid, sid, tenant="c") is None
 
+    async def test_one_span_with_rows_stored_without_their_trace(
+            self, store: ClickHouseExporter) -> None:
+        """Rows stored with a span id alone (``trace_id ''``) count for the span whose
+        trace span_index gives them, as in its trace; not for the same span id elsewhere."""
+        tid, sid = hexid(5)
+        extra = Attribution(b"", ids(5)[1], "link", "shop", "checkout", b"", T0, 0, False,
+                            7 * MS, 0, 1, {"handle": 7 * MS}, {}, 9, 7 * MS, {H: 7 * MS})
+        await store.consume(AttributionBatch([extra], tenant="a"))
+        await store.consume(AttributionBatch([extra], tenant="b"))
+        one = await ui_queries.span(store, "spanprof", tid, sid, tenant="a")
+        whole = await queries.trace(store, "spanprof", tid, tenant="a")
+        assert one == next(s for s in whole["spans"] if s["span_id"] == sid)
+        assert one is not None and one["cpu_ns"] == (20 + 7) * MS
+        other = await ui_queries.span(store, "spanprof", hexid(6)[0], sid, tenant="a")
+        assert other is None  # that span id is trace 5's
+
+    async def test_path_hashes_tell_paths_apart(self, store: ClickHouseExporter) -> None:
+        """PATH_HASHES gives every distinct path (prefix of frames) its own hash, and its
+        parent's prefix sum: 50 000 random stacks up to 40 frames deep, over 6 names that
+        recur at every depth (recursion), so that many paths share frames in other
+        orders or places."""
+        _, rows = await store.query(
+            f"SELECT uniqExact(h), uniqExact(p), countIf(h = 0) FROM (SELECT f, "
+            f"{ui_queries.PATH_HASHES} AS hs FROM (SELECT arrayMap(i -> concat('fn', "
+            "toString(cityHash64(number, i) % 6)), range(1 + number % 40)) AS f "
+            "FROM numbers(50000))) ARRAY JOIN hs AS h, arrayEnumerate(f) AS depth "
+            "ARRAY JOIN [arraySlice(f, 1, depth)] AS p")
+        (hashes, paths, zeros), = rows
+        assert hashes == paths > 100_000 and zeros == 0
+
     async def test_each_tenant_sees_its_own(self, store: ClickHouseExporter) -> None:
         """b's answers name b's functions only; a tenant with no data gets nothing."""
         tid, sid = hexid(SLOW)
@@ -288,6 +318,19 @@ class TestFlameTree:
                                                   {"n": "b", "v": 30, "d": 10}]}]}
         assert flame_tree([], 0) == {"n": "all", "v": 0}
 
+    def test_compact_nodes(self) -> None:
+        """format=nodes: each frame name once, four numbers a node (parent's position or
+        -1, frame's position, value, difference), parents first; the same graph as the
+        tree, orphans left out too."""
+        nodes = [(1, 0, "main", 45), (3, 1, "b", 30), (2, 1, "a", 10), (4, 3, "a", 5),
+                 (9, 8, "orphan", 1)]
+        assert flame_nodes(nodes, 45) == {"total": 45, "frames": ["main", "b", "a"],
+                                          "nodes": [-1, 0, 45, 0, 0, 1, 30, 0, 0, 2, 10, 0,
+                                                    1, 2, 5, 0]}
+        diff = flame_nodes(nodes, 45, base={1: 14, 3: 10}, base_total=14, scale=2)
+        assert diff["total_d"] == 17 and diff["nodes"][3::4] == [17, 10, 10, 5]
+        assert flame_nodes([], 0) == {"total": 0, "frames": [], "nodes": []}
+
     def test_deep_trees(self) -> None:
         """No recursion: a tree deeper than Python's recursion limit."""
         tree = flame_tree([(i + 1, i, f"f{i}", 1) for i in range(5000)], 1)
@@ -319,6 +362,26 @@ def fetch(port: int, path: str, headers: dict[str, str] | None = None
         return err.code, dict(err.headers), err.read()
 
 
+def as_tree(graph: dict[str, Any]) -> dict[str, Any]:
+    """format=nodes' graph as flame_tree's tree, as the UI builds it (flame.js)."""
+    diff = "total_d" in graph
+    root: dict[str, Any] = {"n": "all", "v": graph["total"]} | (
+        {"d": graph["total_d"]} if diff else {})
+    made: list[dict[str, Any]] = []
+    flat = graph["nodes"]
+    for i in range(0, len(flat), 4):
+        up, frame, value, d = flat[i:i + 4]
+        node = {"n": graph["frames"][frame], "v": value} | ({"d": d} if diff else {})
+        (root if up < 0 else made[up]).setdefault("c", []).append(node)
+        made.append(node)
+    todo = [root]
+    while todo:  # flame_tree sorts children by name
+        n = todo.pop()
+        n.get("c", []).sort(key=lambda c: c["n"])
+        todo += n.get("c", [])
+    return root
+
+
 BAD = [
     ("/api/v1/operations?range=nope", "range"),
     ("/api/v1/search?order=size", "order"),
@@ -346,6 +409,7 @@ BAD = [
     ("/api/v1/flamegraph?service=shop&max_nodes=0", "max_nodes"),
     ("/api/v1/traces/" + "0" * 32 + "/spans/xyz", "span_id"),
     ("/api/v1/flamegraph?service=shop&max_nodes=100001", "max_nodes"),
+    ("/api/v1/flamegraph?service=shop&format=svg", "format"),
 ]
 
 
@@ -404,6 +468,14 @@ class TestHttp:
         same = await asyncio.to_thread(
             get, "/api/v1/flamegraph?service=shop&operation=checkout&range=2h&base=2h")
         assert same["unit_of_diff"] == "per_call" and same["tree"]["d"] == 0
+        # format=nodes (the UI's): the same graphs, compact
+        for q in (f"trace_id={tid}&span_id={sid}&measure=wall&method=all",
+                  f"service=shop&operation=checkout&range=2h&base={lo}..{hi}"):
+            tree = await asyncio.to_thread(get, f"/api/v1/flamegraph?{q}")
+            compact = await asyncio.to_thread(get, f"/api/v1/flamegraph?{q}&format=nodes")
+            assert "tree" not in compact and as_tree(compact["graph"]) == tree["tree"]
+            assert {k: v for k, v in compact.items() if k != "graph"} == \
+                {k: v for k, v in tree.items() if k != "tree"}
 
     async def test_ui_files(self, admin: AdminServer) -> None:
         """/ui redirects to /ui/, which is index.html; a file comes with its type, an

@@ -38,7 +38,7 @@ def chromium_path() -> str:
 def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SpanprofProcess,
                                                                          dict[str, Any]]]:
     """A running pipeline with the UI's data, attributed and in the aggregates."""
-    from tests.ui.data import TYPICAL, feed
+    from tests.ui.data import CART_CALLS, CART_HOT, TYPICAL, feed
 
     sp = SpanprofProcess(tmp_path_factory.mktemp("ui"))
     sp.start()
@@ -51,10 +51,12 @@ def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Spanpro
             got = sp.get("/api/v1/search?service=checkout&operation=place_order")
             fn = sp.get("/api/v1/function_spans?function=compute_discount")
             tr = sp.get(f"/api/v1/traces/{tid}?method=all")
+            cart = sp.get(f"/api/v1/function_spans?function={CART_HOT}")
             return got["matched"] == TYPICAL + 1 and got["calls"][0]["trace_id"] == tid and \
                 got["calls"][0]["inclusive_cpu_ns"] > 900_000_000 and \
                 fn["span_count"] == TYPICAL + 1 and \
-                any("thread" in s["method"] for s in tr["spans"])
+                any("thread" in s["method"] for s in tr["spans"]) and \
+                cart["span_count"] == CART_CALLS
         wait_until(settled, timeout=60, interval=0.5)
         yield sp, facts
     finally:

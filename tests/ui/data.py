@@ -10,6 +10,11 @@ and thread, so the correlator places them in the child running then (``link+time
 slow call's ``serialize`` child gets unlabelled samples of its process and thread
 (``thread``). An hour and a half earlier, ``BEFORE`` calls burn less in
 ``compute_discount``: the operation's differential flame graph has something to show.
+
+``cart`` / ``update_cart`` (another service, so that checkout's figures stay as they are):
+``CART_CALLS`` calls over the last ten minutes, of which ``CART_SLOW`` (2%) take over a
+second, burning about 1 s in ``CART_HOT`` (10 ms in the typical calls) with a large
+``cart.size`` attribute (300-480 items against 1-6): what the why view names.
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ SLOW_TRACE = bytes.fromhex("5eed0000000000000000000000000001")
 THREAD, PID, HOST = 7, 4242, "ui-test-host"
 RESOURCE = {"process.pid": PID, "host.name": HOST}
 HOT = "compute_discount"
+CART_CALLS, CART_SLOW = 250, 5
+CART_HOT = "recompute_promotions"
 
 
 def _kv(key: str, value: str | int) -> KeyValue:
@@ -41,26 +48,28 @@ def _kv(key: str, value: str | int) -> KeyValue:
 class Feed:
     """Builds one request of spans and one of profiles, then sends both."""
 
-    def __init__(self) -> None:
+    def __init__(self, service: str = "checkout") -> None:
+        self.service = service
         self.spans = tps.ExportTraceServiceRequest()
         rs = self.spans.resource_spans.add()
-        rs.resource.attributes.extend([_kv("service.name", "checkout"),
+        rs.resource.attributes.extend([_kv("service.name", service),
                                        *(_kv(k, v) for k, v in RESOURCE.items())])
         self.scope = rs.scope_spans.add()
         self.profiles = ProfileBuilder()
 
     def span(self, tid: bytes, sid: bytes, parent: bytes, name: str, start: int,
-             end: int) -> None:
+             end: int, attributes: dict[str, str | int] | None = None) -> None:
         s = self.scope.spans.add(trace_id=tid, span_id=sid, parent_span_id=parent, name=name,
                                  start_time_unix_nano=start, end_time_unix_nano=end)
         s.attributes.append(_kv("thread.id", THREAD))
+        s.attributes.extend(_kv(k, v) for k, v in (attributes or {}).items())
 
     def cpu(self, frames: list[str], tid: bytes, sid: bytes, at: int, t0: int,
             measure: str = "cpu") -> None:
         """One 10 ms sample at instant ``at`` on THREAD, labelled with ``sid`` (none: b"")."""
         self.profiles.sample(frames, None, tid, sid, timestamps=[at],
                              attributes={"thread.id": THREAD, "thread.name": "worker-7"},
-                             service="checkout", resource=RESOURCE, time_unix_nano=t0,
+                             service=self.service, resource=RESOURCE, time_unix_nano=t0,
                              sample_type=measure, period_type=measure)
 
     def call(self, tid: bytes, t0: int, dur_ms: int, rnd: random.Random, hot_ms: int,
@@ -91,6 +100,18 @@ class Feed:
         else:
             self.cpu(["json.dumps", "serialize", "handler"], tid, root, at(price_end + 5), t0)
 
+    def cart_call(self, tid: bytes, t0: int, dur_ms: int, hot_ms: int, size: int) -> None:
+        """update_cart, no children: its CPU is the span's own (``link``), ``hot_ms`` of
+        it in CART_HOT."""
+        sid = tid[:4] + bytes([0, 0, 0, 1])
+        self.span(tid, sid, b"", "update_cart", t0, t0 + dur_ms * MS, {"cart.size": size})
+        at = lambda ms: t0 + ms * MS + 3 * MS  # noqa: E731 - a sample's instant
+        self.cpu(["load_cart", "update_cart", "handler"], tid, sid, at(0), t0)
+        for i in range(hot_ms // 10):
+            self.cpu([CART_HOT, "apply_rules", "update_cart", "handler"], tid, sid,
+                     at(10 + 10 * i), t0)
+        self.cpu(["save_cart", "update_cart", "handler"], tid, sid, at(dur_ms - 20), t0)
+
     def send(self, target: str) -> None:
         with grpc.insecure_channel(target) as channel:
             traces_stub(channel).Export(self.spans, timeout=30)
@@ -113,4 +134,14 @@ def feed(target: str, now_s: float | None = None) -> dict[str, Any]:
         f.call(tid, (now - 5400 + i * 12) * 1_000_000_000, rnd.randint(80, 200), rnd,
                hot_ms=10)
     f.send(target)
+    cart = Feed("cart")
+    slow = set(rnd.sample(range(CART_CALLS), CART_SLOW))
+    for i in range(CART_CALLS):
+        tid = bytes([0xCA, 0, 0, i + 1]) + bytes(12)
+        t0 = (now - 600) * 1_000_000_000 + i * 2300 * MS
+        if i in slow:
+            cart.cart_call(tid, t0, rnd.randint(1150, 1300), 1000, rnd.randint(300, 480))
+        else:
+            cart.cart_call(tid, t0, rnd.randint(60, 160), 10, rnd.randint(1, 6))
+    cart.send(target)
     return {"slow_trace": SLOW_TRACE.hex(), "calls": TYPICAL + 1}

@@ -5,13 +5,15 @@ The click path a person takes: the trace search lists the slow call first; the k
 moves through the list and opens it; the trace's waterfall shows its spans with their CPU,
 off-CPU, samples and method; a span's flame graph shows the hot function (hover, search,
 zoom); the function's spans link back to the trace. Then the operation's flame graph and
-its difference to an earlier range, deep links, and both colour schemes. Every view is
+its difference to an earlier range, the why view from a histogram's tail, deep links, and
+both colour schemes. Every view is
 screenshot to test-artifacts/ui/ (the README's come from here:
 ``SPANPROF_UPDATE_SCREENSHOTS=1``)."""
 
 from __future__ import annotations
 
 import re
+import time
 from typing import Any
 
 import pytest
@@ -19,7 +21,7 @@ from playwright.sync_api import expect
 
 from tests.conftest import SpanprofProcess
 from tests.ui.conftest import screenshot
-from tests.ui.data import HOT, TYPICAL
+from tests.ui.data import CART_CALLS, CART_HOT, CART_SLOW, HOT, TYPICAL
 
 pytestmark = pytest.mark.e2e
 Pipeline = tuple[SpanprofProcess, dict[str, Any]]
@@ -31,8 +33,15 @@ def open_view(page: Any, sp: SpanprofProcess, fragment: str) -> None:
 
 
 def ready(page: Any) -> None:
-    """The view's data is on screen (app.js sets data-ready once a view has drawn it)."""
-    page.wait_for_selector("body[data-ready='1']")
+    """The view's data is on screen (app.js sets data-ready once a view has drawn it), the
+    view of the URL now shown (data-route): not the last one's, before the hashchange
+    that replaces it has been dispatched."""
+    deadline = time.monotonic() + 30
+    while not page.evaluate(  # (wait_for_function evaluates a string: the CSP refuses it)
+            "() => document.body.dataset.ready === '1' "
+            "&& document.body.dataset.route === location.hash"):
+        assert time.monotonic() < deadline, f"{page.url}: not drawn in 30 s"
+        page.wait_for_timeout(20)
     assert page.query_selector(".error") is None, page.inner_text(".error")
 
 
@@ -148,25 +157,80 @@ class TestOperationView:
 
 class TestWhyView:
     def test_from_the_histogram_to_why(self, pipeline: Pipeline, page: Any) -> None:
-        """The search's "why are they slow?" compares the selected tail (here the slowest
-        1%: the one slow call) with the typical calls: the verdict (it waits: 2.4 s of
-        which 0.94 s on CPU, children included), both groups per call, the one tail call
-        marked too few to trust, and the tail's differential flame graph."""
+        """On update_cart's histogram, Shift+click on the first bar of the slow calls
+        selects them and every slower one (the 2% over a second); "why are they slow?"
+        compares them with the others: burning, the hot function first with the share of
+        the extra time it explains (Enter opens its function view), cart.size setting the
+        tail apart, and the hot function's frame red in the differential flame graph."""
+        sp, _ = pipeline
+        open_view(page, sp, "#/search?service=cart&operation=update_cart&range=1h")
+        i = page.evaluate("[...document.querySelectorAll('svg.hist .bar')]"
+                          ".findIndex((b) => +b.dataset.fromNs >= 1e9)")
+        assert i > 0
+        page.locator("svg.hist .bar").nth(i).click(modifiers=["Shift"])
+        ready(page)
+        assert "min_duration=" in page.url and "max_duration" not in page.url
+        assert page.locator("tr.call").count() == CART_SLOW
+        page.click("#why")
+        ready(page)
+        assert "#/why?" in page.url and "slower_than=" in page.url
+        verdict = page.inner_text(".verdict")
+        assert verdict.startswith("BURNING") or verdict.lower().startswith("burning"), verdict
+        assert f"{CART_CALLS} calls" in verdict and f"{CART_SLOW} calls" in verdict, verdict
+        groups = page.inner_text("table.groups")
+        assert f"tail ({CART_SLOW})" in groups and f"typical ({CART_CALLS - CART_SLOW})" in groups
+        assert page.locator("table.groups .few").count() == 0  # five calls: enough
+        first = page.locator("table.why-fns tbody tr").nth(0)
+        assert first.get_attribute("data-name") == CART_HOT
+        assert re.search(r"\+9\d\d ms", first.inner_text()), first.inner_text()
+        assert re.search(r"(8\d|9\d)\.\d%", first.inner_text()), first.inner_text()  # explains
+        attr = page.locator("table.attrs tbody tr").nth(0)
+        assert attr.get_attribute("data-key") == "cart.size" and "1.00" in attr.inner_text()
+        fill = page.locator(f"section.flame g.frame[name='{CART_HOT}'] rect").get_attribute(
+            "fill") or ""
+        r, g, b = (int(x) for x in re.findall(r"\d+", fill))
+        assert r > 200 and g < 150 and b < 150, fill  # red: more per call than typical
+        screenshot(page, "why", docs=True)
+        first.focus()
+        page.keyboard.press("Enter")
+        ready(page)
+        assert "#/function?" in page.url and f"name={CART_HOT}" in page.url
+
+    def test_one_slow_call_is_too_few(self, pipeline: Pipeline, page: Any) -> None:
+        """place_order's slowest 1% is its one slow call: it waits (2.4 s of which 0.94 s
+        on CPU, children included), and every figure of the tail says "too few calls"."""
         sp, _ = pipeline
         open_view(page, sp, "#/search?service=checkout&operation=place_order&range=1h")
         page.click("#slowest")
         ready(page)
         page.click("#why")
         ready(page)
-        assert "#/why?" in page.url and "slower_than=" in page.url
         verdict = page.inner_text(".verdict")
         assert f"{TYPICAL + 1} calls" in verdict and "waiting" in verdict, verdict
         groups = page.inner_text("table.groups")
         assert "tail (1)" in groups and f"typical ({TYPICAL})" in groups
         assert "2.40 s" in groups  # the tail's duration per call
-        assert page.locator("table.groups .few").count() >= 1  # one call: too few
+        assert page.locator("table.groups .few").count() == 4
+        assert "too few calls" in page.inner_text("table.groups .few >> nth=0")
+        assert page.locator(".note").count() >= 1  # a CPU profile cannot say on what
         assert page.locator("section.flame g.frame").count() >= 1
-        screenshot(page, "why", docs=True)
+        screenshot(page, "why-few")
+
+    def test_deep_link_and_form(self, pipeline: Pipeline, page: Any) -> None:
+        """The why view opens from its URL alone; its form changes the tail."""
+        sp, _ = pipeline
+        open_view(page, sp, "#/why?service=cart&operation=update_cart&slowest=2%25")
+        assert f"tail ({CART_SLOW})" in page.inner_text("table.groups")
+        page.select_option("#f-rule", "slower_than")
+        page.fill("#f-value", "140ms")
+        page.click("form.filters button[type=submit]")
+        ready(page)
+        assert "slower_than=140ms" in page.url
+        assert "slower than 140 ms" in page.inner_text(".verdict")
+        page.emulate_media(color_scheme="dark")
+        bg = page.evaluate("getComputedStyle(document.documentElement).backgroundColor")
+        assert sum(int(x) for x in re.findall(r"\d+", bg)[:3]) / 3 < 60, bg
+        screenshot(page, "why-dark")
 
 
 class TestLinksAndSchemes:

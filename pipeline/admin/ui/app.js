@@ -29,6 +29,9 @@ async function route() {
   if (mine > 1) window.spanprofPrefetched.clear();  // boot.js's are for the first view only
   const t0 = performance.now();
   document.body.dataset.ready = "0";
+  // the URL this view is drawn for: a test waits for ready="1" with its own URL here, not
+  // the previous view's ready="1" before the hashchange that replaces it has arrived
+  document.body.dataset.route = location.hash;
   const { name, args, params } = parse();
   const view = VIEWS[name] || search;
   for (const a of document.querySelectorAll("[data-nav]")) {

@@ -36,7 +36,7 @@
     want.push(["traces/" + encodeURIComponent(parts[1]) + "/spans/" + encodeURIComponent(parts[2]),
       { method: method }]);
     want.push(["flamegraph", { trace_id: parts[1], span_id: parts[2],
-      children: p.children || "1", measure: p.measure || "cpu", method: method }]);
+      children: p.children || "1", measure: p.measure || "cpu", method: method, format: "nodes" }]);
   }
   // the flame graph's libraries (300 kB), loaded only by the views that draw one: at once
   // for those, later (flame.js) for the others

@@ -2,11 +2,32 @@
 // of a tree from /api/v1/flamegraph, drawn by the vendored d3-flame-graph: click a frame to
 // zoom into it, Escape to zoom out, search (substring, any case) to colour the matching
 // frames and see their share, hover for a frame's time and share. With `diff`, frames
-// are coloured by their difference to the base (red: more, blue: less). The library and d3
+// are coloured by their difference to the base (red: more, blue: less, orange: only here;
+// `base` names it: "typical" in the why view). The library and d3
 // are loaded on first use (boot.js): the other views do without them.
 import { dur, h, pct } from "./lib.js";
 
 /* global d3, flamegraph */
+
+/** The tree d3-flame-graph draws ({n, v, c}, with `d` in a difference) from an answer of
+ * /api/v1/flamegraph: its `tree`, or its compact `graph` (format=nodes: `frames` and four
+ * numbers a node, its parent's position first, parents before their children). */
+export function flameTree(answer) {
+  if (answer.tree) return answer.tree;
+  const { frames, nodes, total } = answer.graph;
+  const diff = answer.graph.total_d !== undefined;
+  const root = { n: "all", v: total };
+  if (diff) root.d = answer.graph.total_d;
+  const made = new Array(nodes.length / 4);
+  for (let i = 0, k = 0; i < nodes.length; i += 4, k++) {
+    const node = { n: frames[nodes[i + 1]], v: nodes[i + 2] };
+    if (diff) node.d = nodes[i + 3];
+    const parent = nodes[i] < 0 ? root : made[nodes[i]];
+    (parent.c || (parent.c = [])).push(node);
+    made[k] = node;
+  }
+  return root;
+}
 
 /** The path of names from the root's child down to a hierarchy node. */
 function pathOf(node) {
@@ -18,12 +39,14 @@ function pathOf(node) {
 /**
  * Draw `tree` in `container`. Options: `diff` (the tree has `d`), `query` (search term),
  * `zoom` (a path of names joined by ";"), `onState({query, zoom})` when either changes,
- * `onSelect(name, node)` when a frame is clicked, `what` (what the values are: "CPU").
+ * `onSelect(name, node)` when a frame is clicked, `what` (what the values are: "CPU"),
+ * `base` (what a diff compares with: "base").
  * Resolves once the frames are drawn.
  */
 export async function flameGraph(container, tree, opts = {}) {
   const total = tree.v || 0;
   const what = opts.what || "CPU";
+  const base = opts.base || "base";
   const state = { query: opts.query || "", zoom: opts.zoom || "" };
   const details = h("div", { class: "fg-details", "aria-live": "polite" }, "\u00a0");
   const found = h("span", { class: "fg-found" });
@@ -38,9 +61,9 @@ export async function flameGraph(container, tree, opts = {}) {
   container.replaceChildren(
     h("div", { class: "fg-tools" }, search, found, reset, note,
       opts.diff ? h("span", { class: "fg-legend" },
-        h("span", { class: "swatch more" }), "more than base ",
+        h("span", { class: "swatch more" }), `more than ${base} `,
         h("span", { class: "swatch less" }), "less ",
-        h("span", { class: "swatch new" }), "new") : null),
+        h("span", { class: "swatch new" }), `not in ${base}`) : null),
     details, chartEl, selected);
   if (!total) {
     chartEl.append(h("p", { class: "empty" }, `No ${what.toLowerCase()} samples here.`));
@@ -54,7 +77,7 @@ export async function flameGraph(container, tree, opts = {}) {
     let s = `${d.data.n}: ${dur(v)} ${what}, ${pct(v / total)} of all`;
     if (d.parent && d.parent.parent) s += `, ${pct(v / d.parent.data.v)} of ${d.parent.data.n}`;
     if (opts.diff && d.data.d !== undefined) {
-      s += `; ${d.data.d >= 0 ? "+" : "−"}${dur(Math.abs(d.data.d))} vs base`;
+      s += `; ${d.data.d >= 0 ? "+" : "−"}${dur(Math.abs(d.data.d))} vs ${base}`;
     }
     return s;
   };

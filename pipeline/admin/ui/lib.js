@@ -70,6 +70,7 @@ export function link(route, params = {}) {
 /** Change the current view's state in the URL without rendering it again. */
 export function replaceParams(route, params) {
   history.replaceState(history.state, "", link(route, params));
+  document.body.dataset.route = location.hash;  // still the view drawn (app.js)
 }
 
 export class ApiError extends Error {

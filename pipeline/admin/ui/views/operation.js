@@ -2,7 +2,7 @@
 // against a base range, the differential flame graph (widths: the range's CPU; colours:
 // more or less per call than in the base); the functions by self CPU (or by change per
 // call), each a link to the spans that burnt it.
-import { flameGraph } from "../flame.js";
+import { flameGraph, flameTree } from "../flame.js";
 import { api, dur, h, link, pct, rangeInput, replaceParams, serviceSelects } from "../lib.js";
 
 export async function render(root, _args, params) {
@@ -26,7 +26,7 @@ export async function render(root, _args, params) {
     root.append(h("p", { class: "empty" }, "No operations in this range."));
     return;
   }
-  const q = { service: p.service, operation: p.operation, range: p.range, base: p.base };
+  const q = { service: p.service, operation: p.operation, range: p.range, base: p.base, format: "nodes" };
   const [fg, fns] = await Promise.all([
     api("flamegraph", q),
     p.base
@@ -44,7 +44,7 @@ export async function render(root, _args, params) {
       p.operation ? h("a", { class: "button", href: link("search", { service: p.service, operation: p.operation, range: p.range }) },
         "its traces →") : null),
     graph);
-  await flameGraph(graph, fg.tree, {
+  await flameGraph(graph, flameTree(fg), {
     diff: !!p.base, query: p.q, zoom: p.zoom, leftOut: fg.nodes_left_out,
     onState: (st) => replaceParams("operation", { ...params, q: st.query, zoom: st.zoom }),
     onSelect: (name) => h("a", { class: "button fn-link",

@@ -1,6 +1,7 @@
 // Trace search: the calls (spans) of a service / operation over a range, filtered by
 // duration and CPU, sorted by duration, CPU or off-CPU; above them the operation's duration
-// histogram (log scale), where a bar or "slowest 1%" selects the calls to list.
+// histogram (log scale), where a bar (with Shift: it and every slower one) or "slowest 1%"
+// selects the calls to list, and "why are they slow?" compares them with the others.
 import {
   api, dur, durParam, h, link, methodBadges, pct, rangeInput, rowKeys, serviceSelects, timeBar,
   when,
@@ -70,18 +71,22 @@ function drawHistogram(box, hist, p) {
     const sel = (minSel !== null || maxSel !== null) &&
       b.to_ns >= (minSel ?? 0) && b.from_ns <= (maxSel ?? Infinity);
     const g = h("svg:g", { class: `bar${sel ? " selected" : ""}`, tabindex: "0", role: "button",
+      "data-from-ns": b.from_ns, "data-to-ns": b.to_ns,
       "aria-label": `${b.count} calls from ${dur(b.from_ns)} to ${dur(b.to_ns)}` },
     h("svg:title", {}, `${b.count} calls, ${dur(b.from_ns)} – ${dur(b.to_ns)}, ` +
-      `${pct(b.cpu_share)} of their time on CPU`),
+      `${pct(b.cpu_share)} of their time on CPU (Shift: from here up)`),
     h("svg:rect", { x: i * bw + 0.5, y, width: bw - 1, height, class: "off" }),
     h("svg:rect", { x: i * bw + 0.5, y: y + height * (1 - b.cpu_share), width: bw - 1,
       height: height * b.cpu_share, class: "cpu" }));
-    const pick = () => {
+    // a bar's calls; with Shift, the tail from this bar up (what "why" compares)
+    const pick = (up) => {
       location.hash = link("search", { ...p, min_duration: durParam(b.from_ns),
-        max_duration: durParam(b.to_ns, true) });
+        max_duration: up ? "" : durParam(b.to_ns, true) });
     };
-    g.addEventListener("click", pick);
-    g.addEventListener("keydown", (ev) => { if (ev.key === "Enter" || ev.key === " ") { ev.preventDefault(); pick(); } });
+    g.addEventListener("click", (ev) => pick(ev.shiftKey));
+    g.addEventListener("keydown", (ev) => {
+      if (ev.key === "Enter" || ev.key === " ") { ev.preventDefault(); pick(ev.shiftKey); }
+    });
     svg.append(g);
   });
   for (const [name, v] of [["p50", hist.p50_ns], ["p90", hist.p90_ns], ["p99", hist.p99_ns]]) {
@@ -103,13 +108,15 @@ function drawHistogram(box, hist, p) {
       p.service && p.operation
         ? h("a", { href: link("why", { service: p.service, operation: p.operation, range: p.range,
           ...(p.min_duration ? { slower_than: justUnder(p.min_duration) } : { slowest: "1%" }) }),
-        class: "button", id: "why" }, "why are they slow? →")
+        class: "button", id: "why",
+        title: `compare the ${p.min_duration ? `calls of ${p.min_duration} and more` : "slowest 1%"} with the others` },
+        "why are they slow? →")
         : null,
       (p.min_duration || p.max_duration)
         ? h("a", { href: link("search", { ...p, min_duration: "", max_duration: "" }), class: "button" }, "clear selection")
         : null,
       h("span", { class: "legend" }, h("span", { class: "swatch cpu" }), "on CPU ",
-        h("span", { class: "swatch off" }), "off CPU (waiting)")),
+        h("span", { class: "swatch off" }), "off CPU (waiting) · click a bar for its calls, Shift+click for it and all slower")),
     svg);
 }
 

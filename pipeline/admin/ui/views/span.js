@@ -1,7 +1,7 @@
 // Span view: the span's flame graph, with its children in the same service or alone, of
 // CPU or (where a wall-clock profile covers it) wall time; its figures and method; the
 // functions it burnt and the ones it waited in, each a link to the spans that burnt it.
-import { flameGraph } from "../flame.js";
+import { flameGraph, flameTree } from "../flame.js";
 import { api, dur, h, link, methodBadges, rangeAround, replaceParams, when } from "../lib.js";
 import { fnTable } from "./trace.js";
 
@@ -12,7 +12,7 @@ export async function render(root, args, params) {
     api(`traces/${encodeURIComponent(tid)}/spans/${encodeURIComponent(sid)}`, { method: p.method })
       .catch((err) => { if (err.status === 404) return null; throw err; }),
     api("flamegraph", { trace_id: tid, span_id: sid, children: p.children, measure: p.measure,
-      method: p.method }),
+      method: p.method, format: "nodes" }),
   ]);
   const s = found ||
     { span_id: sid, service: "", name: "(span not received)", duration_ns: 0, cpu_ns: 0,
@@ -48,7 +48,7 @@ export async function render(root, args, params) {
         "this operation's flame graph →")),
     graph);
   const what = p.measure === "wall" ? "wall" : "CPU";
-  await flameGraph(graph, fg.tree, {
+  await flameGraph(graph, flameTree(fg), {
     what, query: p.q, zoom: p.zoom, leftOut: fg.nodes_left_out,
     onState: (st) => replaceParams(here, { ...params, q: st.query, zoom: st.zoom }),
     onSelect: (name) => h("a", { class: "button fn-link", href: link("function", { name, service: s.service, range }) },

@@ -1,23 +1,42 @@
 // Why view (issue #21): an operation's slowest calls against its typical ones, as
-// `spanprof why` answers (/api/v1/why): the verdict (burning / waiting / unknown), both
-// groups per call with their intervals, the functions by difference with the share of the
-// extra duration each explains, the attributes that set the tail apart, and the tail's
-// flame graph per call coloured by its difference with the typical calls'.
+// `spanprof why` answers (/api/v1/why): the verdict (burning / waiting / unknown / not
+// slower), both groups per call with their intervals, the functions by difference with the
+// share of the extra duration each explains, the attributes that set the tail apart, and
+// the tail's flame graph per call coloured by its difference with the typical calls'.
 import { flameGraph } from "../flame.js";
-import { api, dur, h, link, pct, rangeInput, replaceParams } from "../lib.js";
+import {
+  api, dur, durParam, h, link, pct, rangeInput, replaceParams, rowKeys, serviceSelects,
+} from "../lib.js";
+
+const VERDICTS = {
+  "burning": "most of its extra time is on CPU: the functions below burn it.",
+  "waiting": "most of its extra time is off CPU (a lock, a socket, a disk): on CPU it " +
+    "burns little more than the typical calls.",
+  "unknown": "no CPU profile covers these calls: burning and waiting cannot be told apart.",
+  "not slower": "the tail is not slower than the typical calls.",
+  "nothing to compare": "there are no two groups to compare.",
+};
+const FEW_TITLE = "too few calls to trust: fewer than 5, or an interval wider than the figure";
 
 /** The API's stacks (frames root first, tail and typical ns per call) as a flame tree
- * ({n, v, d, c}): widths the tail's, d the difference with the typical calls. */
+ * ({n, v, c, d}): widths the tail's CPU per call, d its difference with the typical's. */
 export function stacksTree(stacks) {
   const root = { n: "all", v: 0, d: 0, c: [] };
+  const kids = new Map([[root, new Map()]]);
   for (const s of stacks) {
-    const v = Math.round(s.tail_ns), d = s.tail_ns - s.typical_ns;
+    const v = Math.round(s.tail_ns), d = Math.round(s.tail_ns - s.typical_ns);
     let node = root;
     node.v += v;
     node.d += d;
     for (const name of s.frames) {
-      let child = node.c.find((x) => x.n === name);
-      if (!child) { child = { n: name, v: 0, d: 0, c: [] }; node.c.push(child); }
+      const byName = kids.get(node);
+      let child = byName.get(name);
+      if (!child) {
+        child = { n: name, v: 0, d: 0, c: [] };
+        byName.set(name, child);
+        kids.set(child, new Map());
+        node.c.push(child);
+      }
       child.v += v;
       child.d += d;
       node = child;
@@ -26,78 +45,136 @@ export function stacksTree(stacks) {
   return root;
 }
 
-const mark = (f) => (f.few ? h("span", { class: "few", title: "too few calls to trust" }, " ?") : null);
-const fig = (f) => h("span", {}, dur(f.per_call_ns),
-  f.ci_ns !== null && f.ci_ns !== undefined ? h("span", { class: "ci" }, ` ±${dur(f.ci_ns)}`) : null, mark(f));
+const few = (f) => (f && f.few ? h("span", { class: "few", title: FEW_TITLE }, "too few calls") : null);
+const signed = (ns) => `${ns >= 0 ? "+" : "−"}${dur(Math.abs(ns))}`;
+const ci = (ns) => (ns === null || ns === undefined ? null : h("span", { class: "ci" }, ` ±${dur(ns)}`));
+const figure = (f) => [dur(f.per_call_ns), ci(f.ci_ns), few(f)];
+const callsOf = (n) => `${n} call${n === 1 ? "" : "s"}`;
 
 export async function render(root, _args, params) {
   const p = { range: "1h", ...params };
-  if (!p.slower_than && !p.slowest) p.slowest = "1%";
+  const rule = p.slower_than ? "slower_than" : "slowest";
+  const value = p.slower_than || p.slowest || "1%";
+  const ask = p.service && p.operation;
+  const [ops, w] = await Promise.all([api("operations", { range: p.range }),
+    ask ? api("why", { service: p.service, operation: p.operation, range: p.range, method: p.method,
+      [rule]: value, stacks: "1" }) : null]);
+  const [svc, op] = serviceSelects(ops, p.service, p.operation, false);
+  const ruleSelect = h("select", { name: "rule", id: "f-rule", "aria-label": "tail" },
+    h("option", { value: "slowest", selected: rule === "slowest" }, "slowest"),
+    h("option", { value: "slower_than", selected: rule === "slower_than" }, "slower than"));
   const form = h("form", { class: "filters", onsubmit: (ev) => {
     ev.preventDefault();
-    location.hash = link("why", Object.fromEntries(new FormData(form)));
+    const f = Object.fromEntries(new FormData(form));
+    location.hash = link("why", { service: f.service, operation: f.operation, range: f.range,
+      [f.rule]: f.value });
   } },
-  h("input", { type: "hidden", name: "service", value: p.service || "" }),
-  h("input", { type: "hidden", name: "operation", value: p.operation || "" }),
+  h("label", { for: "f-service" }, "Service"), svc,
+  h("label", { for: "f-operation" }, "Operation"), op,
   rangeInput("range", p.range, "Range"),
-  h("label", { for: "f-slowest" }, "Slowest"),
-  h("input", { id: "f-slowest", name: "slowest", value: p.slowest || "", size: 5, "data-slash": "" }),
-  h("label", { for: "f-slower" }, "or slower than"),
-  h("input", { id: "f-slower", name: "slower_than", value: p.slower_than || "", size: 7 }),
+  h("label", { for: "f-rule" }, "Tail"), ruleSelect,
+  h("input", { id: "f-value", name: "value", value, size: 9, "aria-label": "tail: share or duration",
+    placeholder: "1% or 500ms", autocomplete: "off" }),
   h("button", { type: "submit" }, "Compare"));
-  root.append(h("h1", {}, `Why: ${p.service}: ${p.operation}`), form);
-  const q = { service: p.service, operation: p.operation, range: p.range, stacks: "1",
-    ...(p.slower_than ? { slower_than: p.slower_than } : { slowest: p.slowest }) };
-  const w = await api("why", q);
-  const verdict = h("p", { class: `verdict verdict-${w.verdict.replace(" ", "-")}` },
-    `${w.calls} calls; tail: ${w.rule}`, w.threshold_ns ? ` (≥ ${dur(w.threshold_ns)})` : "", ". ");
-  if (!w.tail) {
-    verdict.append(h("strong", {}, w.verdict), ": ", w.notes.join("; "));
-    root.append(verdict);
+  svc.addEventListener("change", () => { op.value = ""; });
+  const title = p.service ? `${p.service}: ${p.operation || "…"}` : "";
+  root.append(
+    h("nav", { class: "crumbs", "aria-label": "breadcrumbs" },
+      h("a", { href: link("search", { service: p.service, operation: p.operation, range: p.range }) }, "Traces"),
+      " › ", h("span", {}, title || "why")),
+    h("h1", {}, "Why are the slow calls slow? ", h("span", { class: "sub" }, title)), form);
+  if (!ask) {
+    root.append(h("p", { class: "hint" }, "Choose an operation, or select the slow calls on a trace " +
+      "search's duration histogram and follow “why are they slow?”."));
     return;
   }
-  verdict.append(`The tail takes ${dur(w.extra_ns)} more per call: `, h("strong", {}, w.verdict),
-    ` (CPU ${dur(w.extra_cpu_ns)}, off-CPU ${dur(w.extra_off_cpu_ns)}).`);
-  const rows = [["duration", "Duration"], ["inclusive_cpu", "CPU with children"],
-    ["cpu", "CPU of the span"], ["off_cpu", "Off-CPU"]];
-  const groups = h("table", { class: "groups" },
+  const tailLink = w.threshold_ns
+    ? h("a", { class: "button", href: link("search", { service: p.service, operation: p.operation,
+      range: p.range, min_duration: durParam(w.threshold_ns) }) }, "the tail's calls →")
+    : null;
+  const verdict = h("section", { class: `verdict verdict-${w.verdict.replaceAll(" ", "-")}`,
+    "aria-label": "verdict" },
+  h("strong", { class: "verdict-word" }, w.verdict),
+  h("p", {}, `${w.calls} calls; tail: ${w.rule}`,
+    w.threshold_ns && rule === "slowest" ? ` (from ${dur(w.threshold_ns)})` : "",
+    w.tail ? `, ${callsOf(w.tail.calls)}` : "",
+    ". ",
+    w.tail && w.verdict !== "not slower"
+      ? [`The tail takes ${dur(w.extra_ns)} more per call: `, h("strong", {}, w.verdict), " — ",
+        VERDICTS[w.verdict] || "", ` On CPU ${signed(w.extra_cpu_ns)}, off CPU ${signed(w.extra_off_cpu_ns)} per call.`]
+      : VERDICTS[w.verdict] || ""),
+  tailLink);
+  root.append(verdict);
+  for (const n of w.notes) root.append(h("p", { class: "note" }, n));
+  if (!w.tail) return;
+
+  const rows = [["duration", "Duration"], ["cpu", "CPU of the span"],
+    ["inclusive_cpu", "CPU with children"], ["off_cpu", "Off-CPU"]];
+  const left = h("section", {}, h("h2", {}, "Tail and typical calls"));
+  const right = h("section", {});
+  root.append(h("div", { class: "columns" }, left, right));
+  left.append(h("table", { class: "groups", "aria-label": "per call, tail and typical" },
     h("thead", {}, h("tr", {}, h("th", {}, "per call"),
       h("th", { class: "num" }, `tail (${w.tail.calls})`),
-      h("th", { class: "num" }, `typical (${w.typical.calls})`))),
-    h("tbody", {}, rows.map(([k, label]) => h("tr", {}, h("td", {}, label),
-      h("td", { class: "num" }, fig(w.tail[k])), h("td", { class: "num" }, fig(w.typical[k])))),
-    h("tr", {}, h("td", {}, "Samples"), h("td", { class: "num" }, w.tail.samples),
-      h("td", { class: "num" }, w.typical.samples))));
+      h("th", { class: "num" }, `typical (${w.typical.calls})`),
+      h("th", { class: "num" }, "difference"))),
+    h("tbody", {},
+      rows.map(([k, label]) => h("tr", {}, h("th", { scope: "row" }, label),
+        h("td", { class: "num" }, figure(w.tail[k])), h("td", { class: "num" }, figure(w.typical[k])),
+        h("td", { class: `num ${diffClass(w.tail[k].per_call_ns - w.typical[k].per_call_ns)}` },
+          signed(w.tail[k].per_call_ns - w.typical[k].per_call_ns)))),
+      h("tr", {}, h("th", { scope: "row" }, "Samples (all calls)"), h("td", { class: "num" }, w.tail.samples),
+        h("td", { class: "num" }, w.typical.samples), h("td", {})))),
+  h("p", { class: "hint" }, "± : 95% interval of the mean per call; CPU placed by the exact methods."));
+
   const fnLink = (name) => h("a", { href: link("function", { name, service: p.service,
     operation: p.operation, range: p.range }) }, name);
-  const fnTable = (list, what) => h("table", { class: "fns wide why-fns" },
-    h("thead", {}, h("tr", {}, h("th", {}, "Function"), h("th", { class: "num" }, `Tail ${what}`),
-      h("th", { class: "num" }, "Typical"), h("th", { class: "num" }, "Difference"),
-      h("th", { class: "num" }, "Explains"))),
-    h("tbody", {}, list.map((f) => h("tr", {}, h("td", {}, fnLink(f.name), mark(f)),
-      h("td", { class: "num" }, dur(f.tail.per_call_ns)), h("td", { class: "num" }, dur(f.typical.per_call_ns)),
-      h("td", { class: `num ${f.delta_ns > 0 ? "worse" : "better"}` },
-        `${f.delta_ns >= 0 ? "+" : "−"}${dur(Math.abs(f.delta_ns))}`,
-        f.ci_ns !== null ? h("span", { class: "ci" }, ` ±${dur(f.ci_ns)}`) : null),
-      h("td", { class: "num" }, f.explains === null ? "–" : pct(f.explains))))));
-  root.append(verdict, groups);
-  if (w.functions.length) root.append(h("h2", {}, "Functions by self CPU per call"), fnTable(w.functions, "CPU"));
-  if (w.wall_functions.length) root.append(h("h2", {}, "Functions by wall time per call"), fnTable(w.wall_functions, "wall"));
-  if (w.attributes.length) {
-    root.append(h("h2", {}, "Attributes that set the tail apart"), h("table", { class: "attrs" },
-      h("thead", {}, h("tr", {}, h("th", {}, "Attribute"), h("th", { class: "num" }, "Separation"),
-        h("th", {}, "Tail"), h("th", {}, "Typical"))),
-      h("tbody", {}, w.attributes.map((a) => h("tr", {}, h("td", {}, a.key, mark(a)),
-        h("td", { class: "num" }, a.separation.toFixed(2)),
-        h("td", {}, a.kind === "numeric" ? `mean ${a.tail.mean.toPrecision(4)}` : `${a.value}: ${pct(a.tail.share)}`),
-        h("td", {}, a.kind === "numeric" ? `mean ${a.typical.mean.toPrecision(4)}` : `${a.value}: ${pct(a.typical.share)}`))))));
+  const fnTable = (list, what) => {
+    const table = h("table", { class: "fns wide why-fns" },
+      h("thead", {}, h("tr", {}, h("th", {}, "Function"), h("th", { class: "num" }, `Tail ${what}`),
+        h("th", { class: "num" }, `Typical ${what}`), h("th", { class: "num" }, "Difference"),
+        h("th", { class: "num", title: "share of the tail's extra duration per call" }, "Explains"))),
+      h("tbody", {}, list.map((f) => h("tr", { class: "call", tabindex: "0", "data-name": f.name },
+        h("td", {}, fnLink(f.name), few(f)),
+        h("td", { class: "num" }, dur(f.tail.per_call_ns)), h("td", { class: "num" }, dur(f.typical.per_call_ns)),
+        h("td", { class: `num ${diffClass(f.delta_ns)}` }, signed(f.delta_ns), ci(f.ci_ns)),
+        h("td", { class: "num explains" }, f.explains === null ? "–" : [
+          h("span", { class: "share", style: { width: `${Math.round(60 * Math.min(1, Math.max(0, f.explains)))}px` } }),
+          pct(f.explains)])))));
+    rowKeys(table, "tr.call", (tr) => { tr.querySelector("a").click(); });
+    return table;
+  };
+  right.append(h("h2", {}, "Functions by difference in self CPU per call"), w.functions.length
+    ? fnTable(w.functions, "CPU")
+    : h("p", { class: "hint" }, "No function's CPU per call differs between the groups."));
+  if (w.wall_functions.length) {
+    right.append(h("h2", {}, "Functions by difference in wall time per call (where it waited)"),
+      fnTable(w.wall_functions, "wall"));
   }
-  for (const n of w.notes) root.append(h("p", { class: "note" }, n));
+  if (w.attributes.length) {
+    const side = (a, g) => (a.kind === "numeric" ? `mean ${+g.mean.toPrecision(4)}`
+      : `= ${a.value} in ${pct(g.share)}`);
+    right.append(h("h2", {}, "Attributes that set the tail apart"), h("table", { class: "fns attrs" },
+      h("thead", {}, h("tr", {}, h("th", {}, "Attribute"),
+        h("th", { class: "num", title: "0: the same in both groups, 1: apart" }, "Separation"),
+        h("th", {}, "Tail"), h("th", {}, "Typical"))),
+      h("tbody", {}, w.attributes.map((a) => h("tr", { "data-key": a.key },
+        h("td", { class: "mono" }, a.key, few(a)),
+        h("td", { class: "num" }, a.separation.toFixed(2)),
+        h("td", {}, side(a, a.tail)), h("td", {}, side(a, a.typical)))))),
+    h("p", { class: "hint" }, "Compared on the calls of the minutes holding most tail calls."));
+  }
+
   const graph = h("section", { class: "flame", "aria-label": "differential flame graph" });
-  root.append(h("h2", {}, "The tail's CPU per call (red: more than typical, blue: less)"), graph);
+  root.append(h("h2", {}, "The tail's CPU per call, by its difference with the typical calls"), graph);
   await flameGraph(graph, stacksTree(w.stacks || []), {
-    diff: true, query: p.q, zoom: p.zoom,
+    diff: true, base: "typical", what: "CPU per call", query: p.q, zoom: p.zoom,
     onState: (st) => replaceParams("why", { ...params, q: st.query, zoom: st.zoom }),
-    onSelect: (name) => fnLink(name),
+    onSelect: (name) => h("a", { class: "button fn-link", href: link("function", { name,
+      service: p.service, operation: p.operation, range: p.range }) }, `spans that burnt ${name} →`),
   });
+}
+
+function diffClass(ns) {
+  return ns > 0 ? "worse" : ns < 0 ? "better" : "";
 }
