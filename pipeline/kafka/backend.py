@@ -164,6 +164,7 @@ class AioProducer:
             bootstrap_servers=opts.brokers, client_id=opts.client_id, acks="all",
             enable_idempotence=True, compression_type=opts.compression,
             max_request_size=opts.max_message_bytes, linger_ms=int(opts.linger * 1000),
+            max_batch_size=batch_bytes(opts.max_message_bytes),
             request_timeout_ms=int(opts.timeout * 1000),
             partitioner=partitioner(opts.partitioner), **opts.security)
 
@@ -184,6 +185,20 @@ class AioProducer:
         fut: Awaitable[object] = await self.client.send(topic, value=value, key=key,
                                                         headers=headers)
         return fut
+
+
+def batch_bytes(max_message_bytes: int) -> int:
+    """aiokafka's ``max_batch_size``: how many bytes (uncompressed) of one partition's
+    messages go into one record batch. Its default, 16 KiB, is below one message of a
+    500-span request's partition (about 35 KB): each message was then a batch of its own
+    (its own compression, CRC and produce entry), and a second message for a partition
+    whose batch was still lingering waited for that batch to be sent. Half of
+    ``max_message_bytes`` lets the messages of concurrent requests share batches while a
+    compressed batch stays under the broker's limit even when compression makes it
+    larger (snappy's worst case is +1/6). The gateway went from about 10.9 to 7.2-8.7 us
+    of CPU per span and the broker's CPU fell by about 40% (``../shared/bench/collector``).
+    A single message larger than this is still sent, as a batch of its own."""
+    return max(16384, max_message_bytes // 2)
 
 
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]  # aiokafka is untyped

@@ -30,6 +30,7 @@ from pipeline.kafka import (
     partitioner,
     sarama_partition,
 )
+from pipeline.kafka.backend import AioProducer, ProducerOptions, batch_bytes
 from pipeline.otlp.builder import ProfileBuilder
 from pipeline.otlp.traces import decode_traces
 from pipeline.receivers.kafka import Config as ReceiverConfig
@@ -138,6 +139,20 @@ def _exporter(bootstrap: str, topics: tuple[str, str], **kw: Any) -> KafkaExport
                          profiles=TopicConfig(topics[1]), timeout=5.0, **kw)
     cfg.validate()
     return KafkaExporter(cfg, Context("kafka", ["traces", "profiles"]))
+
+
+class TestProducerBatches:
+    async def test_messages_of_a_partition_share_batches(self) -> None:
+        """aiokafka's 16 KiB default made each ~35 KB message a batch of its own (and a
+        partition's next message wait for it): batches hold half of max_message_bytes, so a
+        compressed batch stays under the broker's limit."""
+        assert batch_bytes(1_000_000) == 500_000
+        assert batch_bytes(1024) == 16384  # never below aiokafka's default
+        opts = ProducerOptions(brokers=["127.0.0.1:1"], client_id="t",
+                               partitioner="sarama_compat", compression="zstd",
+                               max_message_bytes=1_000_000, linger=0.005, timeout=1.0)
+        producer = AioProducer(opts)
+        assert producer.client._message_accumulator._batch_size == 500_000
 
 
 class TestKafkaExporter:
