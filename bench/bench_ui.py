@@ -5,10 +5,12 @@ Each load is a fresh navigation (from ``about:blank``) to the view's URL, timed 
 start of the navigation to the view's data on screen (``<body data-ready="1">``, set once
 the view has fetched its answers and drawn them: the waterfall's rows, the flame graph's
 frames), as the page itself measures it (``performance.now()`` at that moment). The
-browser keeps its cache between loads, as it does for someone using the UI: the UI's
-files are revalidated (``ETag``, 304), the answers are asked for every time (nothing is
-cached on the server either). Goal: p95 under 300 ms for each view. Each line also says
-when the page had its last API answer (p50): the rest is the browser's.
+browser keeps its cache between loads, as it does for someone using the UI: index.html,
+the modules and the vendored libraries are revalidated (``ETag``, 304), the files
+index.html names by version (boot.js, app.js, the stylesheets: ``webui``) are taken from
+the cache, the answers are asked for every time (nothing is cached on the server
+either). Goal: p95 under 300 ms for each view. Each line also says when the page had its
+last API answer (p50): the rest is the browser's.
 
     make bench   # or: python bench/bench_ui.py --loads 30
 """

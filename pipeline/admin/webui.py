@@ -8,6 +8,14 @@ path from a request ever reaches the file system), with an ``ETag`` so that a br
 revalidates them (``304``) rather than loading them again, and a Content-Security-Policy
 that lets a page load nothing but this listener's own files and answers.
 
+The files index.html names (boot.js, app.js, the stylesheets) are named there with their
+version (``boot.js?v=<ETag>``, rewritten when the files are read), and a request naming a
+file's current version is answered as never changing (``immutable``): a browser that has
+it runs it without asking again, so a page's first API call no longer waits for
+boot.js's revalidation (it went out 10-15 ms earlier here); a new version is a new URL. The
+others (index.html itself, the modules app.js imports, the vendored libraries) are
+revalidated on each load.
+
 The files hold no data, so they are served without a token when the listener checks
 tokens (``open_paths``); the UI sends the token the user gives it with each API call.
 """
@@ -49,6 +57,20 @@ class StaticUi:
                     suffix = "." + child.name.rpartition(".")[2] if "." in child.name else ""
                     etag = '"' + hashlib.sha256(body).hexdigest()[:20] + '"'
                     self.files[name] = (body, _TYPES.get(suffix, "text/plain"), etag)
+        if "index.html" in self.files:
+            self._version_index()
+
+    def _version_index(self) -> None:
+        """index.html with each of the UI's files it names as ``name?v=<its ETag>``."""
+        body, ctype, _ = self.files["index.html"]
+        text = body.decode()
+        for name, (_, _, etag) in self.files.items():
+            version = etag.strip('"')
+            for attr in ("src", "href"):
+                text = text.replace(f'{attr}="{name}"', f'{attr}="{name}?v={version}"')
+        body = text.encode()
+        self.files["index.html"] = (body, ctype,
+                                    '"' + hashlib.sha256(body).hexdigest()[:20] + '"')
 
     @property
     def open_paths(self) -> tuple[str, ...]:
@@ -67,7 +89,10 @@ class StaticUi:
         if got is None:
             return web.Response(status=404, text=f"{PREFIX}/{path[:200]}: no such file")
         body, ctype, etag = got
-        headers = {"ETag": etag, "Cache-Control": "no-cache",
+        # the current version named: it never changes under this URL
+        fresh = request.query.get("v") == etag.strip('"')
+        headers = {"ETag": etag,
+                   "Cache-Control": "max-age=31536000, immutable" if fresh else "no-cache",
                    "X-Content-Type-Options": "nosniff", "Content-Security-Policy": _CSP,
                    "Referrer-Policy": "no-referrer"}
         if request.headers.get("If-None-Match") == etag:

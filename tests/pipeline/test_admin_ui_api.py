@@ -498,6 +498,24 @@ class TestHttp:
         assert "vendor/d3.min.js" in StaticUi().files
         assert "vendor/LICENSE-d3-flame-graph" in StaticUi().files
 
+    async def test_ui_files_named_by_version(self, admin: AdminServer) -> None:
+        """index.html names boot.js, app.js and the stylesheets with their version (their
+        ETag): asked for with it, a file is served as never changing; with another
+        version or none, it is revalidated as the others are."""
+        assert admin.port is not None
+        port = admin.port
+        _, headers, index = await asyncio.to_thread(fetch, port, "/ui/")
+        assert headers["Cache-Control"] == "no-cache"
+        for name in ("boot.js", "app.js", "style.css", "vendor/d3-flamegraph.css"):
+            _, headers, body = await asyncio.to_thread(fetch, port, f"/ui/{name}")
+            assert headers["Cache-Control"] == "no-cache"
+            version = headers["ETag"].strip('"')
+            assert f'="{name}?v={version}"'.encode() in index, name
+            _, fresh, same = await asyncio.to_thread(fetch, port, f"/ui/{name}?v={version}")
+            assert fresh["Cache-Control"] == "max-age=31536000, immutable" and same == body
+            _, stale, _ = await asyncio.to_thread(fetch, port, f"/ui/{name}?v=0{version}")
+            assert stale["Cache-Control"] == "no-cache"
+
     async def test_ui_files_need_no_token_the_api_does(
             self, store: ClickHouseExporter) -> None:
         """With tokens on, the UI's files are served without one (they hold no data); its
