@@ -22,7 +22,12 @@ DEFAULT_TENANT = "default"
 
 # How a sample's value is to be read.  ``cpu`` and ``wall``/``off_cpu`` are time in
 # nanoseconds and are never added together: CPU explains on-CPU time, wall explains waiting.
-Measure = Literal["cpu", "wall", "off_cpu", "other"]
+# ``lock`` is time spent waiting for a lock (nanoseconds: Go's mutex and block delay, JFR
+# monitor and park events, OTLP contention types), ``alloc`` bytes allocated (Go's
+# alloc_space, JFR allocation events): both attributed to spans like CPU where the samples
+# say which span they belong to or when and on which thread they were taken.
+Measure = Literal["cpu", "wall", "off_cpu", "lock", "alloc", "other"]
+ATTRIBUTED: tuple[Measure, ...] = ("cpu", "wall", "lock", "alloc")
 
 
 class SpanEvent(msgspec.Struct, array_like=True, gc=False):
@@ -177,6 +182,11 @@ class Attribution(msgspec.Struct, array_like=True, gc=False):
     # self CPU / wall per stack id (profile_stacks): the span's flame graph
     stack_cpu_ns: dict[int, int] = {}
     stack_wall_ns: dict[int, int] = {}
+    # lock wait (ns) and allocated bytes joined to the span, in all and per leaf function
+    lock_ns: int = 0
+    alloc_bytes: int = 0
+    self_lock_ns: dict[str, int] = {}
+    self_alloc_bytes: dict[str, int] = {}
 
 
 class Unattributed(msgspec.Struct, array_like=True, gc=False):

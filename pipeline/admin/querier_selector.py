@@ -46,11 +46,14 @@ LABELS = {
     "thread_name": "thread_name",
     "host_name": "host",
     "__name__": ("multiIf(measure = 'cpu', 'process_cpu', measure = 'wall', 'wall', "
-                 "measure = 'off_cpu', 'off_cpu', 'other')"),
+                 "measure = 'off_cpu', 'off_cpu', measure = 'lock', 'mutex', "
+                 "measure = 'alloc', 'memory', 'other')"),
     "__profile_type__": (
         "multiIf(measure = 'cpu', 'process_cpu:cpu:nanoseconds:cpu:nanoseconds', "
         "measure = 'wall', 'wall:wall:nanoseconds:wall:nanoseconds', "
         "measure = 'off_cpu', 'off_cpu:off_cpu:nanoseconds:off_cpu:nanoseconds', "
+        "measure = 'lock', 'mutex:delay:nanoseconds:contentions:count', "
+        "measure = 'alloc', 'memory:alloc_space:bytes:space:bytes', "
         "concat('other:', sample_type, ':', unit, ':', sample_type, ':', unit))"),
 }
 PUBLIC = ("host_name", "service_name", "span_name", "thread_name")
@@ -83,7 +86,13 @@ FIXED = {t.id: t for t in (
     ProfileType("wall:wall:nanoseconds:wall:nanoseconds", "wall", "wall", "nanoseconds",
                 "wall"),
     ProfileType("off_cpu:off_cpu:nanoseconds:off_cpu:nanoseconds", "off_cpu", "off_cpu",
-                "nanoseconds", "off_cpu"))}
+                "nanoseconds", "off_cpu"),
+    # every lock wait (Go mutex and block delay, JFR monitor and park) and every allocation
+    # (bytes) is one type each, under the names Pyroscope gives Go's
+    ProfileType("mutex:delay:nanoseconds:contentions:count", "mutex", "delay", "nanoseconds",
+                "lock"),
+    ProfileType("memory:alloc_space:bytes:space:bytes", "memory", "alloc_space", "bytes",
+                "alloc"))}
 BY_MEASURE = {t.measure: t for t in FIXED.values()}
 
 

@@ -71,10 +71,13 @@ AGGREGATES = {
                          "cpu_ns", "wall_ns"],
     # migration 13: by call duration (spanprof why)
     "op_tail_spans": ["tenant", "service", "operation", "minute", "bucket", "method", "cpu_ns",
-                      "inclusive_cpu_ns", "wall_ns", "sample_count"],
+                      "inclusive_cpu_ns", "wall_ns", "sample_count",
+                      "lock_ns", "alloc_bytes"],  # migration 14
     "op_tail_functions": ["tenant", "service", "operation", "minute", "bucket", "function",
                           "method", "self_cpu_ns", "self_wall_ns", "self_cpu_sq",
-                          "self_wall_sq", "rows"],
+                          "self_wall_sq", "rows",
+                          # migration 14
+                          "self_lock_ns", "self_alloc_bytes", "self_lock_sq", "self_alloc_sq"],
     "op_tail_stacks": ["tenant", "service", "operation", "minute", "bucket", "stack_id",
                        "method", "cpu_ns", "wall_ns"],
 }

@@ -158,11 +158,11 @@ SELECT tenant, svc, {bucket} AS b FROM (
     WHERE {span_r} {where_t}
     UNION ALL
     SELECT tenant, service, time FROM {{db}}.profile_samples
-    WHERE {smp_r} AND span_id = '' AND measure IN ('cpu', 'wall') {where_t}
+    WHERE {smp_r} AND span_id = '' AND measure IN ('cpu', 'wall', 'lock', 'alloc') {where_t}
 ) WHERE (tenant, svc) IN (
     SELECT tenant, service FROM {{db}}.profile_samples
     WHERE {_range(lo_ns - MARGIN_NS, hi_ns + MARGIN_NS).format(col="time")}
-      AND span_id = '' AND measure IN ('cpu', 'wall') {where_t})
+      AND span_id = '' AND measure IN ('cpu', 'wall', 'lock', 'alloc') {where_t})
 GROUP BY tenant, svc, b ORDER BY tenant, svc, b""", **p):
         units.append(Unlabelled(tenant=str(t), service=str(svc),
                                 lo_ns=max(lo_ns, int(b) * BUCKET_NS),
@@ -340,7 +340,7 @@ async def _orphan_samples(store: Store, tenant: str, span_ids: list[str]) -> lis
 SELECT span_id, service, toUnixTimestamp64Nano(time), stack_id, measure, value, count,
        sample_type, unit, thread_id, thread_name, span_name, pid, host, timed
 FROM {db}.profile_samples WHERE tenant = {tenant:String} AND trace_id = ''
-  AND span_id IN {s:Array(String)} AND measure IN ('cpu', 'wall')""",
+  AND span_id IN {s:Array(String)} AND measure IN ('cpu', 'wall', 'lock', 'alloc')""",
                            tenant=tenant, s=span_ids)]
 
 

@@ -47,7 +47,15 @@ TIME_UNITS = {
 MEASURES: dict[str, Measure] = {
     "cpu": "cpu", "wall": "wall", "off_cpu": "off_cpu", "off-cpu": "off_cpu", "offcpu": "off_cpu",
     "itimer": "cpu",  # async-profiler's setitimer-driven CPU sampling (Java agents)
+    # time waiting for a lock: Go's mutex and block profiles (delay/nanoseconds), JFR
+    # monitor and park events as Pyroscope and async-profiler name them
+    "delay": "lock", "lock": "lock", "lock_time": "lock", "lock_duration": "lock",
+    "lock_ns": "lock", "contention": "lock",
 }
+# bytes allocated (never the live heap, inuse_*: a snapshot, not what a span did)
+ALLOC_TYPES = frozenset({"alloc_space", "alloc_bytes", "alloc_in_new_tlab_bytes",
+                         "alloc_outside_tlab_bytes", "alloc", "allocations"})
+BYTE_UNITS = frozenset({"bytes", "byte"})
 
 
 class Kind(NamedTuple):
@@ -66,7 +74,9 @@ def classify(sample_type: str, unit: str, period_type: str, period_unit: str,
     * ``cpu/nanoseconds`` (any time unit) -> CPU ns as is;
     * ``samples/count`` with a ``cpu/<time>`` period -> value x period;
     * ``wall``/``off_cpu`` time types -> their own measure, never added to CPU;
-    * anything else (alloc_space, ...) -> ``other``, kept raw.
+    * lock wait time types (``delay``, ``lock_time``...) -> ``lock`` ns;
+    * bytes allocated (``alloc_space/bytes``...) -> ``alloc`` bytes;
+    * anything else (inuse_space, contentions/count, ...) -> ``other``, kept raw.
     """
     period_mult = TIME_UNITS.get(period_unit.lower())
     period_ns = period * period_mult if period_mult and period > 0 else 0
@@ -78,6 +88,8 @@ def classify(sample_type: str, unit: str, period_type: str, period_unit: str,
         if measure is not None and period_ns:
             return Kind(measure, period_ns, True, period_ns)
         return Kind("other", 1, True, period_ns)
+    if unit.lower() in BYTE_UNITS and sample_type.lower() in ALLOC_TYPES:
+        return Kind("alloc", 1, False, period_ns)
     return Kind("other", 1, False, period_ns)
 
 

@@ -40,7 +40,8 @@ from pipeline.records import Measure, ProfileBatch, Sample
 KINDS: dict[str, tuple[Measure, str, str]] = {
     "cpu": ("cpu", "cpu", "nanoseconds"),
     "wall": ("wall", "wall", "nanoseconds"),
-    "lock_ns": ("off_cpu", "lock_duration", "nanoseconds"),
+    "lock_ns": ("lock", "lock_duration", "nanoseconds"),
+    "alloc_bytes": ("alloc", "alloc_bytes", "bytes"),
 }
 
 

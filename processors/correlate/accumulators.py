@@ -2,13 +2,17 @@
 
 A span's report is one row per ``method`` (how its samples found it, see ``placement``);
 each row carries self CPU and wall time, sample counts, inclusive CPU, and self time per
-leaf function and per stack (flame graphs). ``Acc`` holds those for one span (or orphan
-label, or a service's unattributed minute) until it is reported; ``add`` adds one sample.
+leaf function and per stack (flame graphs); lock wait and allocated bytes in all and per
+leaf function (no stacks: their flame graphs are read from the raw samples). ``Acc`` holds
+those for one span (or orphan label, or a service's unattributed minute) until it is
+reported; ``add`` adds one sample.
 Each accumulator knows its size in items (``ITEM_BYTES`` each), which the memory bound of
 ``CorrelatorState`` counts.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import msgspec
 
@@ -38,6 +42,21 @@ class M(msgspec.Struct, gc=False):
     self_wall: dict[str, int] = msgspec.field(default_factory=dict)
     stack_cpu: dict[int, int] = msgspec.field(default_factory=dict)  # stack id -> ns
     stack_wall: dict[int, int] = msgspec.field(default_factory=dict)
+    lock_ns: int = 0
+    alloc_bytes: int = 0
+    # made at first use: most spans have neither
+    self_lock: dict[str, int] | None = None  # leaf function -> ns waited for a lock
+    self_alloc: dict[str, int] | None = None  # leaf function -> bytes
+
+    def any(self) -> bool:
+        """Whether anything was joined (a row is worth writing)."""
+        return bool(self.cpu_ns or self.wall_ns or self.count or self.incl_cpu
+                    or self.lock_ns or self.alloc_bytes)
+
+    def extra(self) -> dict[str, Any]:
+        """Attribution's lock and allocation fields, as keyword arguments."""
+        return {"lock_ns": self.lock_ns, "alloc_bytes": self.alloc_bytes,
+                "self_lock_ns": self.self_lock or {}, "self_alloc_bytes": self.self_alloc or {}}
 
 
 class Acc(msgspec.Struct, gc=False):
@@ -72,7 +91,8 @@ class Acc(msgspec.Struct, gc=False):
     def items(self) -> int:
         """Size in ``ITEM_BYTES``: methods and their function and stack entries."""
         return sum(METHOD_ITEMS + len(m.self_cpu) + len(m.self_wall) + len(m.stack_cpu)
-                   + len(m.stack_wall) for _, m in self.methods())
+                   + len(m.stack_wall) + len(m.self_lock or ()) + len(m.self_alloc or ())
+                   for _, m in self.methods())
 
     def add(self, method: str, measure: str, value: int, count: int, leaf: str | None,
             stack: int = 0) -> int:
@@ -104,7 +124,16 @@ class Acc(msgspec.Struct, gc=False):
             m.wall_ns += o.wall_ns
             m.count += o.count
             m.incl_cpu += o.incl_cpu
-            for d, od in ((m.self_cpu, o.self_cpu), (m.self_wall, o.self_wall)):
+            m.lock_ns += o.lock_ns
+            m.alloc_bytes += o.alloc_bytes
+            if o.self_lock:
+                m.self_lock = m.self_lock or {}
+            if o.self_alloc:
+                m.self_alloc = m.self_alloc or {}
+            for d, od in ((m.self_cpu, o.self_cpu), (m.self_wall, o.self_wall),
+                          (m.self_lock, o.self_lock), (m.self_alloc, o.self_alloc)):
+                if d is None or not od:
+                    continue
                 for k, v in od.items():
                     d[k] = d.get(k, 0) + v
             for sd, osd in ((m.stack_cpu, o.stack_cpu), (m.stack_wall, o.stack_wall)):
@@ -122,6 +151,22 @@ def add(m: M, measure: str, value: int, count: int, leaf: str | None,
         if leaf is None:
             return 0
         fns, stacks = m.self_cpu, m.stack_cpu
+    elif measure == "lock" or measure == "alloc":
+        if measure == "lock":
+            m.lock_ns += value
+            if leaf is None:
+                return 0
+            fns = m.self_lock if m.self_lock is not None else {}
+            m.self_lock = fns
+        else:
+            m.alloc_bytes += value
+            if leaf is None:
+                return 0
+            fns = m.self_alloc if m.self_alloc is not None else {}
+            m.self_alloc = fns
+        got = fns.get(leaf)
+        fns[leaf] = value if got is None else got + value
+        return int(got is None)
     else:
         m.wall_ns += value
         if leaf is None:

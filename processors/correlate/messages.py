@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 
 from pipeline.records import (
+    ATTRIBUTED,
     Attribution,
     AttributionBatch,
     ProfileBatch,
@@ -88,7 +89,7 @@ def attribute_message(batch: SpanBatch | ProfileBatch, source: int,
     unlinked: dict[tuple[str, int], M] = {}
     services: dict[Key, str] = {}
     for smp in batch.samples:
-        if smp.measure != "cpu" and smp.measure != "wall":
+        if smp.measure not in ATTRIBUTED:
             continue
         if not smp.span_id:
             ukey = (smp.service, smp.time_ns - smp.time_ns % MINUTE_NS)
@@ -117,11 +118,11 @@ def attribute_message(batch: SpanBatch | ProfileBatch, source: int,
                                     info.parent_span_id, info.start_ns, info.duration_ns,
                                     True, m.cpu_ns, m.wall_ns, m.count, m.self_cpu,
                                     m.self_wall, source, m.incl_cpu, m.stack_cpu,
-                                    m.stack_wall))
+                                    m.stack_wall, **m.extra()))
         else:
             rows.append(Attribution(k[0], k[1], LINK, services[k], "", b"", 0, 0, False,
                                     m.cpu_ns, m.wall_ns, m.count, m.self_cpu, m.self_wall,
-                                    source, m.incl_cpu, m.stack_cpu, m.stack_wall))
+                                    source, m.incl_cpu, m.stack_cpu, m.stack_wall, **m.extra()))
     return AttributionBatch(
         rows,
         [Unattributed(svc, minute, m.cpu_ns, m.wall_ns, m.count, source)

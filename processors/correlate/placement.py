@@ -256,10 +256,13 @@ class Placement:
         too, its CPU up to the labelled span; what stays in ``m`` is the labelled span's
         own part (its inclusive CPU, the whole, is unchanged)."""
         cpu0, wall0, count0 = m.cpu_ns, m.wall_ns, m.count  # parts of the whole, not the rest
+        lock0, alloc0 = m.lock_ns, m.alloc_bytes
         maps0 = [dict(d) for d in (m.self_cpu, m.self_wall, m.stack_cpu, m.stack_wall)]
+        lock_fns0, alloc_fns0 = dict(m.self_lock or {}), dict(m.self_alloc or {})
         for sid, w in parts:
             cpu, wall, count = cpu0 * w // total, wall0 * w // total, count0 * w // total
-            if not (cpu or wall or count):
+            lock, alloc = lock0 * w // total, alloc0 * w // total
+            if not (cpu or wall or count or lock or alloc):
                 continue
             ckey = (key[0], sid)
             acc = self._acc_of(ckey, now)
@@ -277,6 +280,17 @@ class Placement:
             _move(maps0[1], m.self_wall, c.self_wall, w, total)
             _move(maps0[2], m.stack_cpu, c.stack_cpu, w, total)
             _move(maps0[3], m.stack_wall, c.stack_wall, w, total)
+            if lock or alloc:
+                m.lock_ns -= lock
+                c.lock_ns += lock
+                m.alloc_bytes -= alloc
+                c.alloc_bytes += alloc
+                if lock_fns0 and m.self_lock is not None:
+                    c.self_lock = c.self_lock if c.self_lock is not None else {}
+                    _move(lock_fns0, m.self_lock, c.self_lock, w, total)
+                if alloc_fns0 and m.self_alloc is not None:
+                    c.self_alloc = c.self_alloc if c.self_alloc is not None else {}
+                    _move(alloc_fns0, m.self_alloc, c.self_alloc, w, total)
             self._items += acc.items() - before
             if cpu:
                 self._lift_to(ckey, key[1], cpu, now)

@@ -25,7 +25,10 @@ from typing import Any
 from pipeline.records import Sample, Span, Stack
 from pipeline.registry import Store
 from processors.correlate.accumulators import MINUTE_NS
-from processors.correlate.reconcile import UNATTRIBUTED, Key3, Stored
+from processors.correlate.reconcile import KNOWN, UNATTRIBUTED, Key3, Stored
+
+# the measures the correlator attributes (pipeline.records.ATTRIBUTED), as SQL
+MEASURES = "('cpu', 'wall', 'lock', 'alloc')"
 
 MAX_TRACES = 100_000  # beyond: the newest traces are recovered, the count of others logged
 MAX_SERVICE_SPANS = 500_000  # spans of one service replayed for its unlabelled samples
@@ -83,7 +86,7 @@ FROM {db}.otel_traces WHERE tenant = {{tenant:String}} AND TraceId IN {{t:Array(
          pid, host, timed) in await _rows(store, f"""
 SELECT trace_id, span_id, service, toUnixTimestamp64Nano(time), stack_id, measure, value,
        count, sample_type, unit, thread_id, thread_name, span_name, pid, host, timed
-FROM {{db}}.profile_samples WHERE {where} AND measure IN ('cpu', 'wall')""",
+FROM {{db}}.profile_samples WHERE {where} AND measure IN {MEASURES}""",
                        tenant=tenant, t=traces, s=ids):
         tid, sid = bytes.fromhex(t), bytes.fromhex(s)
         samples.append(Sample(tid, sid, svc, int(tns), int(stack), measure, int(value),
@@ -126,20 +129,21 @@ async def _stored(store: Store, stored: Stored, where: str, trace_of: dict[str, 
 
     for t, s, m, *v in await _rows(store, f"""
 SELECT trace_id, span_id, method, sum(cpu_ns), sum(wall_ns), sum(sample_count),
-       sum(inclusive_cpu_ns), max(span_known)
+       sum(inclusive_cpu_ns), sum(lock_ns), sum(alloc_bytes), max(span_known)
 FROM {{db}}.span_attribution FINAL WHERE {where}
 GROUP BY trace_id, span_id, method""", **params):
-        have = stored.rows.setdefault(key(t, s, m), [0, 0, 0, 0, 0])
-        for i in range(4):
+        have = stored.rows.setdefault(key(t, s, m), [0] * (KNOWN + 1))
+        for i in range(KNOWN):
             have[i] += int(v[i])
-        have[4] = max(have[4], int(v[4]))
-    for t, s, m, fn, c, w in await _rows(store, f"""
-SELECT trace_id, span_id, method, function, sum(self_cpu_ns), sum(self_wall_ns)
+        have[KNOWN] = max(have[KNOWN], int(v[KNOWN]))
+    for t, s, m, fn, *v in await _rows(store, f"""
+SELECT trace_id, span_id, method, function, sum(self_cpu_ns), sum(self_wall_ns),
+       sum(self_lock_ns), sum(self_alloc_bytes)
 FROM {{db}}.span_functions FINAL WHERE {where}
 GROUP BY trace_id, span_id, method, function""", **params):
         k = (key(t, s, m), str(fn))
-        c0, w0 = stored.functions.get(k, (0, 0))
-        stored.functions[k] = (c0 + int(c), w0 + int(w))
+        c0, w0, l0, a0 = stored.functions.get(k, (0, 0, 0, 0))
+        stored.functions[k] = (c0 + int(v[0]), w0 + int(v[1]), l0 + int(v[2]), a0 + int(v[3]))
     for t, s, m, st, c, w in await _rows(store, f"""
 SELECT trace_id, span_id, method, stack_id, sum(cpu_ns), sum(wall_ns)
 FROM {{db}}.span_stacks FINAL WHERE {where}
@@ -156,7 +160,7 @@ async def unlabelled_services(store: Store, since: float
     got = await _rows(store, """
 SELECT tenant, service, toUnixTimestamp64Nano(min(time)), toUnixTimestamp64Nano(max(time))
 FROM {db}.profile_samples WHERE ingested_at >= toDateTime({{w:UInt32}})
-  AND span_id = '' AND measure IN ('cpu', 'wall') GROUP BY tenant, service
+  AND span_id = '' AND measure IN ('cpu', 'wall', 'lock', 'alloc') GROUP BY tenant, service
 ORDER BY tenant, service""", w=int(since))
     return [(str(tenant), str(svc), int(lo) - int(lo) % MINUTE_NS,
              int(hi) - int(hi) % MINUTE_NS + MINUTE_NS) for tenant, svc, lo, hi in got]
@@ -192,7 +196,7 @@ SELECT toUnixTimestamp64Nano(time), stack_id, measure, value, count, sample_type
        thread_id, thread_name, span_name, pid, host, timed
 FROM {db}.profile_samples WHERE tenant = {{tenant:String}} AND service = {{svc:String}}
   AND span_id = ''
-  AND measure IN ('cpu', 'wall') AND time >= fromUnixTimestamp64Nano({{lo:Int64}})
+  AND measure IN ('cpu', 'wall', 'lock', 'alloc') AND time >= fromUnixTimestamp64Nano({{lo:Int64}})
   AND time < fromUnixTimestamp64Nano({{hi:Int64}})
 LIMIT {{n:UInt64}}""", n=MAX_SERVICE_SAMPLES + 1, **p)]
     if len(samples) > MAX_SERVICE_SAMPLES:
@@ -215,5 +219,5 @@ FROM {db}.unattributed_cpu FINAL WHERE tenant = {{tenant:String}} AND service = 
   AND minute >= toDateTime({{lo_s:UInt32}}) AND minute < toDateTime({{hi_s:UInt32}})
 GROUP BY minute""", tenant=tenant, svc=service, lo_s=lo // 10**9, hi_s=hi // 10**9):
         key = (b"", (int(minute) * 10**9).to_bytes(8, "big"), UNATTRIBUTED)
-        stored.rows[key] = [int(cpu), int(wall), int(count), 0, 0]
+        stored.rows[key] = [int(cpu), int(wall), int(count)] + [0] * (KNOWN + 1 - 3)
     return spans, samples, stacks, stored

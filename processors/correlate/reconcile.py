@@ -9,8 +9,8 @@ stored, the rows recovery writes:
 so running it twice adds nothing the second time. The live correlator may have placed a
 sample differently (a child span that came after grace, another clock skew estimate); then
 one span is short where another is over, and adding the shortfall would count the sample
-twice. Hence a cap per trace: the CPU (wall, samples) added to a trace never exceeds its
-expected total less its stored total. Unlabelled samples are capped per service in the
+twice. Hence a cap per trace: the CPU (wall, samples, lock, bytes) added to a trace never
+exceeds its expected total less its stored total. Unlabelled samples are capped per service in the
 same way (``per_trace=False``).
 """
 
@@ -28,7 +28,8 @@ UNATTRIBUTED = "unattributed"  # a service's minute, as a key of ``deltas``: (b"
 APPROX_METHODS = (THREAD, WINDOW, UNATTRIBUTED)
 
 Key3 = tuple[bytes, bytes, str]  # trace, span, method
-FIELDS = ("cpu_ns", "wall_ns", "sample_count", "inclusive_cpu_ns")
+FIELDS = ("cpu_ns", "wall_ns", "sample_count", "inclusive_cpu_ns", "lock_ns", "alloc_bytes")
+KNOWN = len(FIELDS)  # the index of span_known in a Stored row
 
 
 @dataclass
@@ -37,7 +38,8 @@ class Stored:
     hold for some traces: totals per key; span-only rows under their span's trace."""
 
     rows: dict[Key3, list[int]] = field(default_factory=dict)  # FIELDS..., span_known
-    functions: dict[tuple[Key3, str], tuple[int, int]] = field(default_factory=dict)
+    # self CPU, wall, lock and allocated bytes
+    functions: dict[tuple[Key3, str], tuple[int, int, int, int]] = field(default_factory=dict)
     stacks: dict[tuple[Key3, int], tuple[int, int]] = field(default_factory=dict)
 
 
@@ -89,7 +91,10 @@ def deltas(rows: list[Attribution], stored: Stored,
                                  a.parent_span_id, a.start_ns, a.duration_ns, a.span_known,
                                  a.cpu_ns, a.wall_ns, a.sample_count, dict(a.self_cpu_ns),
                                  dict(a.self_wall_ns), 0, a.inclusive_cpu_ns,
-                                 dict(a.stack_cpu_ns), dict(a.stack_wall_ns))
+                                 dict(a.stack_cpu_ns), dict(a.stack_wall_ns),
+                                 lock_ns=a.lock_ns, alloc_bytes=a.alloc_bytes,
+                                 self_lock_ns=dict(a.self_lock_ns),
+                                 self_alloc_bytes=dict(a.self_alloc_bytes))
             continue
         for f in FIELDS:
             setattr(e, f, getattr(e, f) + getattr(a, f))
@@ -98,19 +103,22 @@ def deltas(rows: list[Attribution], stored: Stored,
         _merge(e.self_wall_ns, a.self_wall_ns)
         _merge(e.stack_cpu_ns, a.stack_cpu_ns)
         _merge(e.stack_wall_ns, a.stack_wall_ns)
+        _merge(e.self_lock_ns, a.self_lock_ns)
+        _merge(e.self_alloc_bytes, a.self_alloc_bytes)
     by_trace: dict[bytes, list[Key3]] = {}
     for k in exp:
         by_trace.setdefault(k[0] if per_trace else b"", []).append(k)
     have_of: dict[bytes, list[int]] = {}
     for k, v in stored.rows.items():
-        tot = have_of.setdefault(k[0] if per_trace else b"", [0, 0, 0, 0])
-        for i in range(4):
+        tot = have_of.setdefault(k[0] if per_trace else b"", [0] * KNOWN)
+        for i in range(KNOWN):
             tot[i] += v[i]
-    zero = [0, 0, 0, 0, 0]
+    zero = [0] * (KNOWN + 1)
+    nofn = (0, 0, 0, 0)
     out: list[Attribution] = []
     for tid in sorted(by_trace):
         keys = sorted(by_trace[tid])
-        stored_total = have_of.get(tid, [0, 0, 0, 0])
+        stored_total = have_of.get(tid, [0] * KNOWN)
         room = [max(0, sum(getattr(exp[k], f) for k in keys) - stored_total[i])
                 for i, f in enumerate(FIELDS)]
         for k in keys:
@@ -120,20 +128,27 @@ def deltas(rows: list[Attribution], stored: Stored,
                 d = min(max(0, getattr(e, f) - s[i]), room[i])
                 room[i] -= d
                 got.append(d)
-            fn_cpu = _grant({n: v - stored.functions.get((k, n), (0, 0))[0]
+            fn_cpu = _grant({n: v - stored.functions.get((k, n), nofn)[0]
                              for n, v in e.self_cpu_ns.items()}, got[0])
-            fn_wall = _grant({n: v - stored.functions.get((k, n), (0, 0))[1]
+            fn_wall = _grant({n: v - stored.functions.get((k, n), nofn)[1]
                               for n, v in e.self_wall_ns.items()}, got[1])
+            fn_lock = _grant({n: v - stored.functions.get((k, n), nofn)[2]
+                              for n, v in e.self_lock_ns.items()}, got[4])
+            fn_alloc = _grant({n: v - stored.functions.get((k, n), nofn)[3]
+                               for n, v in e.self_alloc_bytes.items()}, got[5])
             st_cpu = _grant({n: v - stored.stacks.get((k, n), (0, 0))[0]
                              for n, v in e.stack_cpu_ns.items()}, got[0])
             st_wall = _grant({n: v - stored.stacks.get((k, n), (0, 0))[1]
                               for n, v in e.stack_wall_ns.items()}, got[1])
             # a span always has a row saying it is known (name, duration), even without CPU
-            needs_known = e.span_known and not s[4]
-            if not (any(got) or fn_cpu or fn_wall or st_cpu or st_wall or needs_known):
+            needs_known = e.span_known and not s[KNOWN]
+            if not (any(got) or fn_cpu or fn_wall or fn_lock or fn_alloc or st_cpu or st_wall
+                    or needs_known):
                 continue
             out.append(Attribution(e.trace_id, e.span_id, e.method, e.service, e.name,
                                    e.parent_span_id, e.start_ns, e.duration_ns, e.span_known,
                                    got[0], got[1], got[2], fn_cpu, fn_wall, random_source(),
-                                   got[3], st_cpu, st_wall))
+                                   got[3], st_cpu, st_wall, lock_ns=got[4],
+                                   alloc_bytes=got[5], self_lock_ns=fn_lock,
+                                   self_alloc_bytes=fn_alloc))
     return out

@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from pipeline.records import (
+    ATTRIBUTED,
     Attribution,
     AttributionBatch,
     ProfileBatch,
@@ -230,7 +231,7 @@ class CorrelatorState(Placement):
         # untimed labelled samples per (resolved) span and service, credited together
         linked: dict[tuple[bytes, bytes, str], list[tuple[Sample, str]]] = {}
         for smp in batch.samples:
-            if smp.measure != "cpu" and smp.measure != "wall":
+            if smp.measure not in ATTRIBUTED:
                 continue  # off_cpu/other measures are stored raw, not attributed
             if smp.span_id:
                 stats.samples_linked += 1
@@ -419,15 +420,17 @@ def _rows(key: Key, info: SpanInfo | None, acc: Acc) -> list[Attribution]:
     none: its name, duration and off-CPU time are read from ``otel_traces``."""
     out = []
     for method, m in acc.methods():
-        if not (m.cpu_ns or m.wall_ns or m.count or m.incl_cpu):
+        if not m.any():
             continue
         if info is None:
             out.append(Attribution(key[0], key[1], method, acc.service, "", b"", 0, 0, False,
                                    m.cpu_ns, m.wall_ns, m.count, m.self_cpu, m.self_wall,
-                                   random_source(), m.incl_cpu, m.stack_cpu, m.stack_wall))
+                                   random_source(), m.incl_cpu, m.stack_cpu, m.stack_wall,
+                                   **m.extra()))
         else:
             out.append(Attribution(key[0], key[1], method, info.service, info.name,
                                    info.parent_span_id, info.start_ns, info.duration_ns, True,
                                    m.cpu_ns, m.wall_ns, m.count, m.self_cpu, m.self_wall,
-                                   random_source(), m.incl_cpu, m.stack_cpu, m.stack_wall))
+                                   random_source(), m.incl_cpu, m.stack_cpu, m.stack_wall,
+                                   **m.extra()))
     return out

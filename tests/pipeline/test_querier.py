@@ -312,7 +312,7 @@ class TestSelectors:
             sel.parse_selector(text)
         assert str(err.value).startswith("label_selector: ") and says in str(err.value)
 
-    @pytest.mark.parametrize("text", ["memory:alloc_space:bytes:space:bytes", "", "cpu",
+    @pytest.mark.parametrize("text", ["memory:inuse_space:bytes:space:bytes", "", "cpu",
                                       "other:a:b:c:d", "other:a:b:a:b:x", "process_cpu:cpu"])
     def test_unknown_profile_types(self, text: str) -> None:
         with pytest.raises(sel.Invalid, match="^profile_typeID: "):
@@ -360,7 +360,7 @@ class TestConnect:
         assert json.loads(body)["flamegraph"]["total"] == str(60 * MS)
 
     @pytest.mark.parametrize("rpc, req, status, code, says", [
-        ("SelectMergeStacktraces", {"profileTypeID": "memory:alloc_space:bytes:space:bytes"},
+        ("SelectMergeStacktraces", {"profileTypeID": "memory:inuse_space:bytes:space:bytes"},
          400, "invalid_argument", "profile_typeID: "),
         ("SelectMergeStacktraces", {"profileTypeID": CPU, "labelSelector": '{pod="a"}'},
          400, "invalid_argument", "label_selector: label 'pod'"),

@@ -97,13 +97,13 @@ class TestDeltas:
 
     def test_stored_part_is_not_written_again(self) -> None:
         """expected - stored, per field, and nothing when they are equal (idempotent)."""
-        stored = Stored(rows={(T, S1, "link"): [10, 0, 1, 10, 1]},
+        stored = Stored(rows={(T, S1, "link"): [10, 0, 1, 10, 0, 0, 1]},
                         functions={((T, S1, "link"), "leaf"): (10, 0)},
                         stacks={((T, S1, "link"), 1): (10, 0)})
         out = deltas([_row(S1, "link", 30)], stored)
         assert [(r.cpu_ns, r.self_cpu_ns, r.stack_cpu_ns, r.sample_count) for r in out] == \
             [(20, {"leaf": 20}, {1: 20}, 0)]
-        full = Stored(rows={(T, S1, "link"): [30, 0, 1, 30, 1]},
+        full = Stored(rows={(T, S1, "link"): [30, 0, 1, 30, 0, 0, 1]},
                       functions={((T, S1, "link"), "leaf"): (30, 0)},
                       stacks={((T, S1, "link"), 1): (30, 0)})
         assert deltas([_row(S1, "link", 30)], full) == []
@@ -111,8 +111,8 @@ class TestDeltas:
     def test_placed_elsewhere_is_capped_by_the_trace(self) -> None:
         """The live correlator put 30 on the parent (its child came after grace); recovery
         would put it on the child: the trace already has its 30, so nothing is added."""
-        stored = Stored(rows={(T, S1, "link"): [30, 0, 1, 30, 1],
-                              (T, S2, "link"): [0, 0, 0, 0, 1]})
+        stored = Stored(rows={(T, S1, "link"): [30, 0, 1, 30, 0, 0, 1],
+                              (T, S2, "link"): [0, 0, 0, 0, 0, 0, 1]})
         out = deltas([_row(S1, "link", 0), _row(S2, "link+time", 30)], stored)
         assert sum(r.cpu_ns for r in out) == 0
         assert all(not r.self_cpu_ns and not r.stack_cpu_ns for r in out)
@@ -151,8 +151,8 @@ class TestUnlabelled:
         minute); the replay puts it on S1: per service, nothing is added."""
         other = b"o" * 16
         minute = (b"", (0).to_bytes(8, "big"), UNATTRIBUTED)
-        for stored in (Stored(rows={(other, S2, "thread"): [30, 0, 1, 30, 1]}),
-                       Stored(rows={minute: [30, 0, 1, 0, 0]})):
+        for stored in (Stored(rows={(other, S2, "thread"): [30, 0, 1, 30, 0, 0, 1]}),
+                       Stored(rows={minute: [30, 0, 1, 0, 0, 0, 0]})):
             out = deltas([_row(S1, "thread", 30)], stored, APPROX_METHODS, per_trace=False)
             assert sum(r.cpu_ns for r in out) == 0
             # per trace, as for exact methods, it would have been counted twice
@@ -162,6 +162,6 @@ class TestUnlabelled:
     def test_a_lost_minute_is_written_once(self) -> None:
         minute = Attribution(b"", (0).to_bytes(8, "big"), UNATTRIBUTED, "svc", "", b"", 0, 0,
                              False, 40, 0, 2, {}, {})
-        stored = Stored(rows={(b"", (0).to_bytes(8, "big"), UNATTRIBUTED): [15, 0, 1, 0, 0]})
+        stored = Stored(rows={(b"", (0).to_bytes(8, "big"), UNATTRIBUTED): [15, 0, 1, 0, 0, 0, 0]})
         out = deltas([minute], stored, APPROX_METHODS, per_trace=False)
         assert [(r.cpu_ns, r.sample_count) for r in out] == [(25, 1)]

@@ -29,10 +29,10 @@ SAMPLES_COLUMNS = ["tenant", "time", "service", "trace_id", "span_id", "stack_id
 STACKS_COLUMNS = ["tenant", "stack_id", "functions", "files", "lines"]
 ATTRIBUTION_COLUMNS = ["tenant", "trace_id", "span_id", "method", "source", "service", "name",
                        "parent_span_id", "start_time", "duration_ns", "span_known", "cpu_ns",
-                       "wall_ns", "sample_count", "inclusive_cpu_ns"]
+                       "wall_ns", "sample_count", "inclusive_cpu_ns", "lock_ns", "alloc_bytes"]
 FUNCTIONS_COLUMNS = ["tenant", "trace_id", "span_id", "method", "function", "source",
                      "self_cpu_ns", "self_wall_ns", "service", "operation", "minute",
-                     "span_known", "duration_ns"]
+                     "span_known", "duration_ns", "self_lock_ns", "self_alloc_bytes"]
 SPAN_STACKS_COLUMNS = ["tenant", "trace_id", "span_id", "method", "stack_id", "source",
                        "service", "operation", "minute", "span_known", "cpu_ns", "wall_ns",
                        "duration_ns"]
@@ -174,24 +174,28 @@ def attributions(batch: AttributionBatch) -> dict[str, Columns]:
             "wall_ns": [a.wall_ns for a in rows],
             "sample_count": [a.sample_count for a in rows],
             "inclusive_cpu_ns": [a.inclusive_cpu_ns for a in rows],
+            "lock_ns": [a.lock_ns for a in rows],
+            "alloc_bytes": [a.alloc_bytes for a in rows],
         }
         fn: list[tuple[object, ...]] = []
         sk: list[tuple[object, ...]] = []
         for a in rows:
             sc, sw, kc, kw = a.self_cpu_ns, a.self_wall_ns, a.stack_cpu_ns, a.stack_wall_ns
-            if not (sc or sw or kc or kw):
+            sl, sa = a.self_lock_ns, a.self_alloc_bytes
+            if not (sc or sw or kc or kw or sl or sa):
                 continue
             tid, sid, method, source = a.trace_id.hex(), a.span_id.hex(), a.method, a.source
             svc, op = a.service, a.name
             minute = a.start_ns // 1_000_000_000 // 60 * 60
             known, dur = int(a.span_known), a.duration_ns  # the span's (migration 13)
             # one row per function / stack, its CPU and wall time (most spans have only one)
-            if not sw:
+            if not (sw or sl or sa):
                 fn.extend((tenant, tid, sid, method, name, source, v, 0, svc, op, minute, known,
-                           dur) for name, v in sc.items())
+                           dur, 0, 0) for name, v in sc.items())
             else:
                 fn.extend((tenant, tid, sid, method, name, source, sc.get(name, 0), sw.get(name, 0),
-                           svc, op, minute, known, dur) for name in sc.keys() | sw.keys())
+                           svc, op, minute, known, dur, sl.get(name, 0), sa.get(name, 0))
+                          for name in sc.keys() | sw.keys() | sl.keys() | sa.keys())
             if not kw:
                 sk.extend((tenant, tid, sid, method, st, source, svc, op, minute, known, v, 0,
                            dur) for st, v in kc.items())

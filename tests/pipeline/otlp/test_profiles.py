@@ -72,10 +72,23 @@ class TestClassify:
         assert classify(sample_type, "nanoseconds", "cpu", "nanoseconds", PERIOD).measure == \
             measure
 
-    def test_non_time_unit_is_other_raw(self) -> None:
-        """alloc_space/bytes is neither time nor ticks: ``other`` with values kept raw."""
-        kind = classify("alloc_space", "bytes", "space", "bytes", 512 * 1024)
-        assert (kind.measure, kind.per_value, kind.value_is_count) == ("other", 1, False)
+    @pytest.mark.parametrize(("sample_type", "unit", "measure"), [
+        ("alloc_space", "bytes", "alloc"), ("alloc_in_new_tlab_bytes", "bytes", "alloc"),
+        ("inuse_space", "bytes", "other"), ("alloc_objects", "count", "other"),
+        ("contentions", "count", "other"), ("alloc_space", "count", "other"),
+    ])
+    def test_bytes_allocated_are_alloc_the_rest_other(self, sample_type: str, unit: str,
+                                                      measure: str) -> None:
+        """Bytes allocated are ``alloc`` (raw bytes); the live heap (inuse_*), object and
+        contention counts are neither time nor bytes a span spent: ``other``, raw."""
+        kind = classify(sample_type, unit, "space", "bytes", 512 * 1024)
+        assert (kind.measure, kind.per_value, kind.value_is_count) == (measure, 1, False)
+
+    @pytest.mark.parametrize("sample_type", ["delay", "lock_time", "contention", "lock"])
+    def test_lock_wait_time_is_lock(self, sample_type: str) -> None:
+        """Go's mutex/block delay and JFR's lock durations: ``lock``, in nanoseconds."""
+        kind = classify(sample_type, "microseconds", "contentions", "count", 1)
+        assert (kind.measure, kind.per_value) == ("lock", 1_000)
 
 
 class TestValues:
@@ -144,14 +157,14 @@ class TestValues:
         s = only_sample(decode_profiles(b.build()))
         assert (s.measure, s.value) == ("off_cpu", 800)
 
-    def test_alloc_space_is_other_raw(self) -> None:
-        """alloc_space/bytes values are kept raw under measure ``other``."""
+    def test_alloc_space_is_alloc_raw(self) -> None:
+        """alloc_space/bytes values are kept raw (bytes) under measure ``alloc``."""
         b = ProfileBuilder()
         b.sample(["malloc"], 4096, TRACE, SPAN, sample_type="alloc_space", unit="bytes",
                  period_type="space", period_unit="bytes", period=512 * 1024)
         s = only_sample(decode_profiles(b.build()))
         assert (s.measure, s.value, s.sample_type, s.unit) == \
-            ("other", 4096, "alloc_space", "bytes")
+            ("alloc", 4096, "alloc_space", "bytes")
 
     def test_zero_and_empty_samples_carry_nothing(self) -> None:
         """A zero value and a sample with neither values nor timestamps decode to nothing."""

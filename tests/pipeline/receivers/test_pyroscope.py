@@ -469,8 +469,11 @@ class TestIngestWithoutFormat:
                 assert s.measure == "cpu" and len(s.trace_id) == 16 and s.span_name == "crunch"
                 got[s.span_id] += s.value
             assert got == want and got
-        else:  # heap, goroutines: raw "other" values; mutex: no contention, no samples
-            assert {s.measure for s in samples} <= {"other"}
+        else:  # heap: bytes allocated "alloc", the rest raw "other"; goroutines: raw
+            # "other"; mutex: no contention, no samples. Go labels no heap sample with a span
+            assert {s.measure for s in samples} <= {"other", "alloc"}
+            assert {s.sample_type for s in samples if s.measure == "alloc"} <= {"alloc_space"}
+            assert name != "heap" or not any(s.span_id for s in samples)
             assert len(samples) == {"heap": sum(1 for smp in p.sample for v in smp.value if v > 0),
                                     "goroutine": len(p.sample), "mutex": 0}[name]
 

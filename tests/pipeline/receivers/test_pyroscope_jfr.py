@@ -29,8 +29,8 @@ class TestJfrIngest:
         samples = decode(query, body)
         kinds = Counter((s.measure, s.sample_type, s.unit) for s in samples)
         assert kinds[("cpu", "cpu", "nanoseconds")] > 200
-        assert kinds[("off_cpu", "lock_duration", "nanoseconds")] > 0
-        assert kinds[("other", "alloc_bytes", "bytes")] > 0
+        assert kinds[("lock", "lock_duration", "nanoseconds")] > 0
+        assert kinds[("alloc", "alloc_bytes", "bytes")] > 0
         cpu = [s for s in samples if s.measure == "cpu"]
         assert all(s.timed and s.time_ns > 1_700_000_000 * 10**9 for s in cpu)
         assert all(s.value == 10_000_000 and s.count == 1 for s in cpu)  # sampleRate=100
