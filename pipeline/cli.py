@@ -139,6 +139,14 @@ def _ms(ns: int) -> str:
     return f"{ns / 1e6:.1f}ms"
 
 
+def _bytes(n: int) -> str:
+    """Bytes in binary units: 512B, 4.0KiB, 12.5MiB, 3.1GiB."""
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f}{unit}"
+    return f"{n}B"
+
+
 def cmd_top(args: argparse.Namespace) -> int:
     data = _get(args, "/api/v1/spans", {"order": args.by, "limit": args.limit,
                                         "service": args.service, "method": args.method})
@@ -146,16 +154,21 @@ def cmd_top(args: argparse.Namespace) -> int:
     if args.format == "json":
         print(json.dumps(spans, indent=2))
         return 0
+    # lock wait and bytes allocated: columns only where a profile of them reached a span
+    extra = any(s.get("lock_ns") or s.get("alloc_bytes") for s in spans) \
+        or args.by in ("lock", "alloc")
     header = f"{'TRACE_ID':32}  {'SPAN_ID':16}  {'SERVICE':16}  {'NAME':24}  " \
-             f"{'DURATION':>10}  {'CPU':>10}  {'INCL CPU':>10}  {'OFF-CPU':>10}  {'SAMPLES':>7}  " \
-             "TOP FUNCTION"
+             f"{'DURATION':>10}  {'CPU':>10}  {'INCL CPU':>10}  {'OFF-CPU':>10}  " + \
+             (f"{'LOCK':>10}  {'ALLOC':>10}  " if extra else "") + f"{'SAMPLES':>7}  TOP FUNCTION"
     print(header)
     for s in spans:
         top = s["top_functions"][0] if s["top_functions"] else None
         topf = f"{top['name']} ({_ms(top['self_ns'])})" if top else "-"
+        more = f"{_ms(s.get('lock_ns', 0)):>10}  {_bytes(s.get('alloc_bytes', 0)):>10}  " \
+            if extra else ""
         print(f"{s['trace_id']:32}  {s['span_id']:16}  {s['service'][:16]:16}  "
               f"{s['name'][:24]:24}  {_ms(s['duration_ns']):>10}  {_ms(s['cpu_ns']):>10}  "
-              f"{_ms(s['inclusive_cpu_ns']):>10}  {_ms(s['off_cpu_ns']):>10}  "
+              f"{_ms(s['inclusive_cpu_ns']):>10}  {_ms(s['off_cpu_ns']):>10}  {more}"
               f"{s['sample_count']:>7}  {topf}")
     return 0
 
@@ -185,17 +198,26 @@ def cmd_explain(args: argparse.Namespace) -> int:
                 f"  cpu {_ms(s['cpu_ns'])}")
         if s.get("inclusive_cpu_ns", s["cpu_ns"]) != s["cpu_ns"]:
             line += f" (with children {_ms(s['inclusive_cpu_ns'])})"
-        line += f"  off-cpu {_ms(s['off_cpu_ns'])}  samples {s['sample_count']}"
+        line += f"  off-cpu {_ms(s['off_cpu_ns'])}"
+        if s.get("lock_ns"):
+            line += f" (lock {_ms(s['lock_ns'])})"
+        if s.get("alloc_bytes"):
+            line += f"  alloc {_bytes(s['alloc_bytes'])}"
+        line += f"  samples {s['sample_count']}"
         if top:
             line += f"  top {top['name']} {_ms(top['self_ns'])}"
         for method, a in sorted((s.get("approximate") or {}).items()):
             line += f"  ~{_ms(a['cpu_ns'])} more by {method}"
         print(line)
-        wall = s.get("top_wall_functions") or []
-        if wall:
-            pad = prefix + ("" if depth == 0 else ("   " if last else "│  "))
-            waits = ", ".join(f"{w['name']} {_ms(w['self_ns'])}" for w in wall[:3])
-            print(f"{pad}   wall: {waits}")
+        pad = prefix + ("" if depth == 0 else ("   " if last else "│  "))
+        for key, label, fmt in (("top_wall_functions", "wall", "ms"),
+                                ("top_lock_functions", "lock", "ms"),
+                                ("top_alloc_functions", "alloc", "bytes")):
+            fns = s.get(key) or []
+            if fns:
+                what = ", ".join(f"{f['name']} " + (_ms(f["self_ns"]) if fmt == "ms"
+                                                    else _bytes(f["bytes"])) for f in fns[:3])
+                print(f"{pad}   {label}: {what}")
         kids = children.get(s["span_id"], [])
         ext = "" if depth == 0 else ("   " if last else "│  ")
         for i, k in enumerate(kids):
@@ -321,7 +343,8 @@ def parser() -> argparse.ArgumentParser:
                        help="rows to add up: exact (link, link+time; the default), all, or "
                             "a comma-separated list of link, link+time, link+share, thread, window")
         if name == "top":
-            c.add_argument("--by", choices=["cpu", "inclusive", "duration", "off_cpu"],
+            c.add_argument("--by", choices=["cpu", "inclusive", "duration", "off_cpu", "lock",
+                                            "alloc"],
                            default="cpu")
             c.add_argument("--limit", type=int, default=20)
             c.add_argument("--service")

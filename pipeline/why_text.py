@@ -21,11 +21,20 @@ def _ms(ns: float) -> str:
     return f"{ns / 1e6:.1f} ms"
 
 
+def _bytes(n: float) -> str:
+    a = abs(n)
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if a >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n:.0f} B"
+
+
 def _fig(f: dict[str, Any]) -> str:
-    """Mean per call, its interval and the few-calls mark."""
-    out = _ms(f["per_call_ns"])
-    if f.get("ci_ns") is not None:
-        out += f" ±{_ms(f['ci_ns'])}"
+    """Mean per call, its interval and the few-calls mark (time, or bytes)."""
+    unit, show = ("bytes", _bytes) if "per_call_bytes" in f else ("ns", _ms)
+    out = show(f[f"per_call_{unit}"])
+    if f.get(f"ci_{unit}") is not None:
+        out += f" ±{show(f[f'ci_{unit}'])}"
     return out + (" ?" if f.get("few") else "")
 
 
@@ -46,6 +55,10 @@ def text(d: dict[str, Any]) -> str:
     for name, label in (("duration", "duration"), ("inclusive_cpu", "CPU with children"),
                         ("cpu", "CPU of the span"), ("off_cpu", "off-CPU")):
         lines.append(f"{label:16}  {_fig(t[name]):>26}  {_fig(g[name]):>26}")
+    # where contention or allocation profiles reached the spans
+    for name, label, unit in (("lock", "lock wait", "ns"), ("alloc", "allocated", "bytes")):
+        if name in t and (t[name][f"per_call_{unit}"] or g[name][f"per_call_{unit}"]):
+            lines.append(f"{label:16}  {_fig(t[name]):>26}  {_fig(g[name]):>26}")
     lines.append(f"samples          {t['samples']:>26}  {g['samples']:>26}")
     extra = d["extra_ns"]
     if d["verdict"] == "not slower":
@@ -56,18 +69,23 @@ def text(d: dict[str, Any]) -> str:
                      f"(CPU {_ms(d['extra_cpu_ns'])}, {share:.0%} of it; off-CPU "
                      f"{_ms(d['extra_off_cpu_ns'])})")
     for key, title in (("functions", "self CPU per call"),
-                       ("wall_functions", "wall time per call (wall-clock profile)")):
+                       ("wall_functions", "wall time per call (wall-clock profile)"),
+                       ("lock_functions", "lock wait per call (contention profile)"),
+                       ("alloc_functions", "bytes allocated per call")):
         if not d.get(key):
             continue
+        unit, show = ("bytes", _bytes) if key == "alloc_functions" else ("ns", _ms)
         lines.append("")
-        lines.append(f"functions by {title}, tail - typical (share of the extra duration)")
+        lines.append(f"functions by {title}, tail - typical"
+                     + (" (share of the extra duration)" if unit == "ns" else ""))
         for f in d[key]:
             explains = f"{f['explains']:6.0%}" if f["explains"] is not None else "     -"
-            ci = f" ±{_ms(f['ci_ns'])}" if f["ci_ns"] is not None else ""
-            delta = ('+' if f['delta_ns'] >= 0 else '-') + _ms(abs(f['delta_ns']))
+            ci = f" ±{show(f[f'ci_{unit}'])}" if f[f"ci_{unit}"] is not None else ""
+            dv = f[f"delta_{unit}"]
+            delta = ('+' if dv >= 0 else '-') + show(abs(dv))
             lines.append(f"  {delta:>10}{ci:<12}"
-                         f"{explains}  {f['name']}  (tail {_ms(f['tail']['per_call_ns'])}, "
-                         f"typical {_ms(f['typical']['per_call_ns'])})"
+                         f"{explains}  {f['name']}  (tail {show(f['tail'][f'per_call_{unit}'])}, "
+                         f"typical {show(f['typical'][f'per_call_{unit}'])})"
                          + (" ?" if f["few"] else ""))
     if d.get("attributes"):
         lines.append("")

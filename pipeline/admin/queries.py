@@ -28,6 +28,9 @@ class Queryable(Protocol):
 METHOD_SETS = {"exact": ("link", "link+time"),
                "all": ("link", "link+time", "link+share", "thread", "window")}
 APPROXIMATE = ("link+share", "thread", "window")
+# top_spans' orders: the column each sorts by
+TOP_ORDERS = {"cpu": "cpu_ns", "inclusive": "inclusive_cpu_ns", "duration": "duration_ns",
+              "off_cpu": "off_cpu_ns", "lock": "lock_ns", "alloc": "alloc_bytes"}
 
 
 def _spans_sql(database: str, where: str, tail: str = "") -> str:
@@ -37,7 +40,8 @@ def _spans_sql(database: str, where: str, tail: str = "") -> str:
        parent_ AS parent_span_id, toUnixTimestamp64Nano(start_) AS start_time_unix_nano,
        duration_ AS duration_ns, cpu_ AS cpu_ns, incl_ AS inclusive_cpu_ns,
        toUInt64(greatest(0, toInt64(duration_) - toInt64(incl_))) AS off_cpu_ns,
-       wall_ AS wall_ns, samples_ AS sample_count, known_ AS span_known, methods_ AS method
+       wall_ AS wall_ns, samples_ AS sample_count, known_ AS span_known, methods_ AS method,
+       lock_ AS lock_ns, alloc_ AS alloc_bytes
 FROM ({_ATTRIBUTED.format(database=database, where=where)})
 {tail}"""
 
@@ -52,6 +56,7 @@ _ATTRIBUTED = """SELECT t.trace_id AS trace_id, t.span_id AS span_id, max(t.serv
              max(t.start_time) AS start_, max(t.duration_ns) AS duration_,
              sum(t.cpu_ns) AS cpu_, sum(t.inclusive_cpu_ns) AS incl_, sum(t.wall_ns) AS wall_,
              sum(t.sample_count) AS samples_, max(t.span_known) AS known_,
+             sum(t.lock_ns) AS lock_, sum(t.alloc_bytes) AS alloc_,
              arrayStringConcat(arraySort(groupUniqArray(t.method)), ',') AS methods_
       FROM {database}.span_attribution_totals AS t
       WHERE t.tenant = {{tenant:String}} AND ({where})
@@ -69,7 +74,7 @@ _STORED = """SELECT TraceId AS trace_id, SpanId AS span_id, any(ServiceName) AS 
 _TOP_COLUMNS = """trace_id, span_id, service, name, parent_span_id,
        toUnixTimestamp64Nano(start_) AS start_time_unix_nano, duration_ns, cpu_ns,
        inclusive_cpu_ns, toUInt64(greatest(0, toInt64(duration_ns) - toInt64(inclusive_cpu_ns)))
-       AS off_cpu_ns, wall_ns, sample_count, span_known, method"""
+       AS off_cpu_ns, wall_ns, sample_count, span_known, method, lock_ns, alloc_bytes"""
 
 
 def _top_sql(database: str, where: str, service_where: str, tail: str) -> str:
@@ -88,7 +93,7 @@ def _top_sql(database: str, where: str, service_where: str, tail: str) -> str:
          if(o.found_ = 1, o.duration_, a.duration_) AS duration_ns,
          a.cpu_ AS cpu_ns, a.incl_ AS inclusive_cpu_ns, a.wall_ AS wall_ns,
          a.samples_ AS sample_count, greatest(a.known_, o.found_) AS span_known,
-         a.methods_ AS method
+         a.methods_ AS method, a.lock_ AS lock_ns, a.alloc_ AS alloc_bytes
   FROM ({_STORED.format(database=database, where="1")}) AS o
   FULL OUTER JOIN ({_ATTRIBUTED.format(database=database, where=where)}) AS a
     ON a.trace_id = o.trace_id AND a.span_id = o.span_id
@@ -122,9 +127,9 @@ def _dicts(cols: list[str], rows: list[tuple[Any, ...]]) -> list[dict[str, Any]]
 async def top_spans(db: Queryable, database: str, order: str = "cpu", limit: int = 20,
                     service: str | None = None, method: str = "exact", *, tenant: str
                     ) -> list[dict[str, Any]]:
-    """``tenant``'s spans with the most CPU (or inclusive CPU, duration, off-CPU time)."""
-    order_col = {"cpu": "cpu_ns", "inclusive": "inclusive_cpu_ns", "duration": "duration_ns",
-                 "off_cpu": "off_cpu_ns"}[order]
+    """``tenant``'s spans with the most CPU (or inclusive CPU, duration, off-CPU time, lock
+    wait, bytes allocated)."""
+    order_col = TOP_ORDERS[order]
     methods = methods_of(method)
     where = "t.method IN {methods:Array(String)}"
     params: dict[str, Any] = {"methods": list(methods), "limit": limit, "tenant": tenant}
@@ -156,7 +161,7 @@ async def trace(db: Queryable, database: str, trace_id: str, method: str = "exac
         spans.setdefault(d["span_id"], {
             **d, "trace_id": trace_id, "cpu_ns": 0, "inclusive_cpu_ns": 0, "wall_ns": 0,
             "sample_count": 0, "off_cpu_ns": d["duration_ns"], "span_known": True,
-            "method": ""})
+            "method": "", "lock_ns": 0, "alloc_bytes": 0})
     cols, rows = await db.query(_spans_sql(
         database, "t.trace_id = {tid:String} AND t.method IN {methods:Array(String)}"),
         {"tid": trace_id, "methods": list(methods), "tenant": tenant})
@@ -165,7 +170,8 @@ async def trace(db: Queryable, database: str, trace_id: str, method: str = "exac
         if s is None:  # CPU for a span whose span record never arrived
             spans[a["span_id"]] = a
             continue
-        for k in ("cpu_ns", "inclusive_cpu_ns", "wall_ns", "sample_count", "method"):
+        for k in ("cpu_ns", "inclusive_cpu_ns", "wall_ns", "sample_count", "method", "lock_ns",
+                  "alloc_bytes"):
             s[k] = a[k]
         s["off_cpu_ns"] = max(0, s["duration_ns"] - s["inclusive_cpu_ns"])
     approx = [m for m in APPROXIMATE if m not in methods]
@@ -196,7 +202,8 @@ async def _add_top_functions(db: Queryable, database: str, spans: list[dict[str,
     by_key = {(s["trace_id"], s["span_id"]): s for s in spans}
     cols, rows = await db.query(
         f"SELECT trace_id, span_id, function, sum(self_cpu_ns) AS self_ns, "
-        f"sum(self_wall_ns) AS self_wall_ns FROM {database}.span_functions FINAL "
+        f"sum(self_wall_ns) AS self_wall_ns, sum(self_lock_ns) AS self_lock_ns, "
+        f"sum(self_alloc_bytes) AS self_alloc_bytes FROM {database}.span_functions FINAL "
         f"WHERE {TENANT} AND (trace_id IN {{tids:Array(String)}} OR trace_id = '') "
         "AND span_id IN {sids:Array(String)} "
         "AND method IN {methods:Array(String)} "
@@ -205,22 +212,25 @@ async def _add_top_functions(db: Queryable, database: str, spans: list[dict[str,
          "methods": list(methods), "tenant": tenant})
     sums: dict[tuple[str, str], dict[str, list[int]]] = {}
     by_span = {k[1]: k for k in by_key}
-    for tid, sid, fn, self_ns, self_wall in rows:
+    for tid, sid, fn, *values in rows:
         if not tid and sid in by_span:  # a span-only sample: its span is known by now
             tid = by_span[sid][0]
         if (tid, sid) in by_key:
-            acc = sums.setdefault((tid, sid), {}).setdefault(fn, [0, 0])
-            acc[0] += self_ns
-            acc[1] += self_wall
-    per_span = {k: [(f, c, w) for f, (c, w) in v.items()] for k, v in sums.items()}
-    for key, fns in per_span.items():
+            acc = sums.setdefault((tid, sid), {}).setdefault(fn, [0, 0, 0, 0])
+            for i, v in enumerate(values):
+                acc[i] += v
+    for key, fns in sums.items():
         s = by_key[key]
-        s["top_functions"] = [{"name": f, "self_ns": c} for f, c, _ in
-                              sorted(fns, key=lambda x: (-x[1], x[0])) if c > 0][:TOP_FUNCTIONS]
-        wall = [{"name": f, "self_ns": w} for f, _, w in
-                sorted(fns, key=lambda x: (-x[2], x[0])) if w > 0][:TOP_FUNCTIONS]
-        if wall:
-            s["top_wall_functions"] = wall
+        # self CPU; where there is some: wall, lock wait, bytes (value under "self_ns" or
+        # "bytes")
+        for i, name, unit in ((0, "top_functions", "self_ns"),
+                              (1, "top_wall_functions", "self_ns"),
+                              (2, "top_lock_functions", "self_ns"),
+                              (3, "top_alloc_functions", "bytes")):
+            top = [{"name": f, unit: v[i]} for f, v in
+                   sorted(fns.items(), key=lambda x: (-x[1][i], x[0])) if v[i] > 0][:TOP_FUNCTIONS]
+            if top or i == 0:
+                s[name] = top
 
 
 # ---- functions, diffs and flame graphs (from the aggregates ClickHouse maintains) ------

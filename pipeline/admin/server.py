@@ -5,7 +5,7 @@ the running pipeline, which asks ClickHouse on its own connection::
 
     GET /health                                   200 {"status": "ok"} / 503 stopping, failed
     GET /metrics                                  Prometheus text
-    GET /api/v1/spans?order=cpu|inclusive|duration|off_cpu&limit=N&service=S&method=M
+    GET /api/v1/spans?order=cpu|inclusive|duration|off_cpu|lock|alloc&limit=N&service=S&method=M
     GET /api/v1/traces/{trace_id}?method=M
     GET /api/v1/functions?service=S&operation=O&since=1h&limit=N    functions by self CPU
     GET /api/v1/diff?service=S&operation=O&before=2h..1h&after=1h  which got more expensive
@@ -176,8 +176,8 @@ class AdminServer:
     async def spans(self, request: web.Request) -> web.Response:
         async def work(q: Any, now: float) -> Any:
             order = q.get("order", "cpu")
-            if order not in ("cpu", "inclusive", "duration", "off_cpu"):
-                raise params.BadRequest("order: expected cpu, inclusive, duration or off_cpu")
+            if order not in queries.TOP_ORDERS:
+                raise params.BadRequest(f"order: expected one of {', '.join(queries.TOP_ORDERS)}")
             method, limit, service = params.method(q), params.limit(q), params.text(q, "service")
             return {"spans": await queries.top_spans(
                 self._db(), self._database(), order=order, limit=limit, service=service,

@@ -405,7 +405,8 @@ async def span(db: Queryable, database: str, trace_id: str, span_id: str,
         f"(SELECT groupArray(tuple(*)) FROM (SELECT method, max(service), max(name), "
         f"max(parent_span_id), toUnixTimestamp64Nano(max(start_time)), max(duration_ns), "
         f"sum(cpu_ns), sum(greatest(inclusive_cpu_ns, cpu_ns)), sum(wall_ns), "
-        f"sum(sample_count), max(span_known) FROM {database}.span_attribution FINAL "
+        f"sum(sample_count), max(span_known), sum(lock_ns), sum(alloc_bytes) "
+        f"FROM {database}.span_attribution FINAL "
         f"WHERE {TENANT} AND span_id = {{sid:String}} AND (trace_id = {{tid:String}} OR "
         f"trace_id = '' AND {{tid:String}} = (SELECT any(trace_id) FROM "
         f"{database}.span_index WHERE {TENANT} AND span_id = {{sid:String}})) "
@@ -417,10 +418,11 @@ async def span(db: Queryable, database: str, trace_id: str, span_id: str,
                "start_time_unix_nano": int(start), "duration_ns": int(duration),
                "trace_id": trace_id, "cpu_ns": 0, "inclusive_cpu_ns": 0, "wall_ns": 0,
                "sample_count": 0, "off_cpu_ns": int(duration), "span_known": True,
-               "method": ""}
+               "method": "", "lock_ns": 0, "alloc_bytes": 0}
     chosen = [r for r in rows if r[0] in methods]
     if chosen:
-        cpu, incl, wall, n = (sum(int(r[k]) for r in chosen) for k in (6, 7, 8, 9))
+        cpu, incl, wall, n, lock, alloc = (sum(int(r[k]) for r in chosen)
+                                           for k in (6, 7, 8, 9, 11, 12))
         if out is None:  # CPU for a span whose span record never arrived: as _spans_sql
             top = [max(r[k] for r in chosen) for k in range(11)]
             out = {"trace_id": trace_id, "span_id": span_id, "service": top[1],
@@ -428,11 +430,12 @@ async def span(db: Queryable, database: str, trace_id: str, span_id: str,
                    "start_time_unix_nano": int(top[4]), "duration_ns": int(top[5]),
                    "span_known": bool(top[10])}
         out.update(cpu_ns=cpu, inclusive_cpu_ns=incl, wall_ns=wall, sample_count=n,
+                   lock_ns=lock, alloc_bytes=alloc,
                    method=",".join(sorted(r[0] for r in chosen)),
                    off_cpu_ns=max(0, out["duration_ns"] - incl))
     if out is None:
         return None
-    for m, *_, cpu, incl, _, n, _ in rows:
+    for m, *_, cpu, incl, _, n, _, _, _ in rows:
         if m in APPROXIMATE and m not in methods:
             out.setdefault("approximate", {})[m] = {
                 "cpu_ns": cpu, "inclusive_cpu_ns": incl, "sample_count": n}

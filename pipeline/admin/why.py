@@ -5,8 +5,10 @@ fraction, or those slower than a duration) and the *typical* rest. For each grou
 call: duration, CPU (the span's own, under the chosen methods), CPU with its children of
 the same service, wall time, and off-CPU (duration less CPU with children); then per
 function, self CPU (and wall time, where a wall-clock profile exists) per call in each
-group, ranked by how much of the tail's extra duration the difference explains; and the
-span attributes whose values set the tail apart.
+group, ranked by how much of the tail's extra duration the difference explains; lock
+wait (contention profiles) and bytes allocated per call, in all and by function, where
+such profiles reached the spans; and the span attributes whose values set the tail apart
+(``why_attributes``).
 
 Answered from aggregates, not from rows call by call, so that an hour of a busy operation
 answers quickly:
@@ -33,30 +35,22 @@ one tenant's, every table filtered by ``tenant = {tenant:String}`` (see queries.
 
 from __future__ import annotations
 
-import bisect
 import itertools
 import math
-from collections import Counter
 from typing import Any
 
 from pipeline.admin.queries import TENANT, Queryable, methods_of
+from pipeline.admin.why_attributes import (
+    ATTRIBUTE_MINUTES,
+    BUCKETS_PER_DOUBLING,
+    FEW_CALLS,
+    attributes,
+    bucket_sql,
+)
 
-FEW_CALLS = 5  # below: a figure is marked too few to trust
 MAX_STACKS = 10_000  # stacks of a differential flame graph (the largest)
-ATTRIBUTE_MINUTES = 10  # minutes read for attributes: those with the most tail calls
-MAX_ATTRIBUTE_SPANS = 20_000  # spans read for attributes
-MAX_ATTRIBUTES = 200  # attribute keys compared (the most frequent)
-MAX_VALUE = 200  # characters of an attribute value kept
-MIN_SEPARATION = 0.05  # attributes that set the groups apart less are not listed
-MAX_DISTINCT_SHARE = 0.5  # a key with more distinct values than this share of calls is an id
 Z = 1.96  # 95%
 NEGLIGIBLE = 0.001  # a function's difference below this share of a tail call's duration
-BUCKETS_PER_DOUBLING = 8
-
-
-def bucket_sql(col: str) -> str:
-    """A duration's bucket, as migration 13's views compute it."""
-    return f"toUInt16(if({col} = 0, 0, floor({BUCKETS_PER_DOUBLING} * log2({col}))))"
 
 
 def bucket_of(duration_ns: int) -> int:
@@ -100,13 +94,14 @@ def _where(cols: str = "") -> str:
             + cols)
 
 
-def _figure(total: float, calls: int, var: float | None) -> dict[str, Any]:
+def _figure(total: float, calls: int, var: float | None, unit: str = "ns"
+            ) -> dict[str, Any]:
     """Mean per call of ``total`` over ``calls``, with the interval a per-call variance
-    ``var`` gives, and how many calls it stands on."""
+    ``var`` gives, and how many calls it stands on (``unit``: ns, or bytes)."""
     mean = total / calls if calls else 0.0
     half = Z * math.sqrt(max(0.0, var) / calls) if var is not None and calls > 1 else None
     few = calls < FEW_CALLS or half is None or (half > abs(mean) and mean != 0)
-    return {"per_call_ns": mean, "ci_ns": half, "calls": calls, "few": few}
+    return {f"per_call_{unit}": mean, f"ci_{unit}": half, "calls": calls, "few": few}
 
 
 def _var(total: float, squares: float, n: int) -> float | None:
@@ -181,20 +176,21 @@ async def why(db: Queryable, database: str, service: str, operation: str,
     out["threshold_ns"] = threshold_ns if threshold is not None else None  # the tail's least
     if True not in groups or False not in groups:
         out.update(verdict="nothing to compare", tail=None, typical=None, functions=[],
-                   wall_functions=[], attributes=[])
+                   wall_functions=[], lock_functions=[], alloc_functions=[],
+                   attributes=[])
         out["notes"].append("no calls in the range" if not out["calls"] else
                             "every call is in the tail" if True in groups else
                             "no call is slower than that")
         return out
     tail, typ = groups[True], groups[False]
-    names = ("cpu", "incl", "wall", "samples")
+    names = ("cpu", "incl", "wall", "samples", "lock", "alloc")
+    sums = ("sum(cpu_ns), sum(inclusive_cpu_ns), sum(wall_ns), sum(sample_count), "
+            "sum(lock_ns), sum(alloc_bytes)")
     got_spans = {int(side): dict(zip(names, map(int, v), strict=True)) for side, *v in (
         await db.query(
-            f"SELECT {SIDE} AS side, sum(cpu_ns), sum(inclusive_cpu_ns), sum(wall_ns), "
-            f"sum(sample_count) FROM {database}.op_tail_spans "
+            f"SELECT {SIDE} AS side, {sums} FROM {database}.op_tail_spans "
             f"WHERE {_where(' AND method IN {methods:Array(String)}')} GROUP BY side "
-            f"UNION ALL SELECT {BOUNDARY_CALLS}, sum(cpu_ns), sum(inclusive_cpu_ns), "
-            f"sum(wall_ns), sum(sample_count) FROM {database}.span_attribution FINAL "
+            f"UNION ALL SELECT {BOUNDARY_CALLS}, {sums} FROM {database}.span_attribution FINAL "
             f"WHERE {TENANT} AND {IN_BOUNDARY} AND method IN {{methods:Array(String)}} "
             "AND span_known = 1", p))[1]}
     for name in names:
@@ -209,7 +205,9 @@ async def why(db: Queryable, database: str, service: str, operation: str,
                 "cpu": _figure(g.get("cpu", 0), n, g["var_cpu"]),
                 "inclusive_cpu": _figure(incl, n, g["var_incl"]),
                 "off_cpu": _figure(max(0, int(g["duration"]) - incl), n, g["var_off"]),
-                "wall": _figure(g.get("wall", 0), n, None)}
+                "wall": _figure(g.get("wall", 0), n, None),
+                "lock": _figure(g.get("lock", 0), n, None),
+                "alloc": _figure(g.get("alloc", 0), n, None, "bytes")}
 
     out["tail"], out["typical"] = group(tail), group(typ)
     share = out["tail"]["calls"] / out["calls"]
@@ -225,66 +223,82 @@ async def why(db: Queryable, database: str, service: str, operation: str,
     if out["verdict"] == "unknown":
         out["notes"].append("no CPU profile covers these calls: burning and waiting cannot "
                             "be told apart")
-    out["functions"] = _ranked(fns, tail, typ, extra, limit, 0)
-    has_wall = any(v[1][1] or v[0][1] for v in fns.values())
-    out["wall_functions"] = _ranked(fns, tail, typ, extra, limit, 1) if has_wall else []
-    if out["verdict"] == "waiting" and not has_wall:
-        out["notes"].append("the tail is waiting (off-CPU), and no wall-clock profile "
-                            "covers these spans: a CPU profile cannot say on what")
-    out["attributes"] = await _attributes(db, database, sorted(map(int, tail["minutes"])),
+    out["functions"] = _ranked(fns, tail, typ, extra, limit, CPU)
+    out["wall_functions"] = _ranked(fns, tail, typ, extra, limit, WALL)
+    # lock wait: the functions waiting (their share of the extra duration, as time);
+    # bytes allocated per call: no share of a duration
+    out["lock_functions"] = _ranked(fns, tail, typ, extra, limit, LOCK)
+    out["alloc_functions"] = _ranked(fns, tail, typ, extra, limit, ALLOC)
+    out["extra_lock_ns"] = out["tail"]["lock"]["per_call_ns"] - \
+        out["typical"]["lock"]["per_call_ns"]
+    if out["verdict"] == "waiting" and not out["wall_functions"] \
+            and not out["lock_functions"]:
+        out["notes"].append("the tail is waiting (off-CPU), and no wall-clock or lock "
+                            "profile covers these spans: a CPU profile cannot say on what")
+    out["attributes"] = await attributes(db, database, sorted(map(int, tail["minutes"])),
                                           p, limit)
     if stacks:
         out["stacks"] = await _stacks(db, database, p, int(tail["calls"]), int(typ["calls"]))
     return out
 
 
-# per function: (tail, typical), each [cpu, wall, cpu squares, wall squares, rows]
+# per function: (tail, typical), each [cpu, wall, cpu squares, wall squares, rows, lock,
+# bytes, lock squares, bytes squares]; a measure: (its value's index, its square's, unit)
 Fns = dict[str, tuple[list[float], list[float]]]
+CPU, WALL, LOCK, ALLOC = (0, 2, "ns"), (1, 3, "ns"), (5, 7, "ns"), (6, 8, "bytes")
 
 
 async def _functions(db: Queryable, database: str, p: dict[str, Any]) -> Fns:
     sides: dict[str, dict[int, list[float]]] = {}
     for side, fn, *v in (await db.query(
             f"SELECT {SIDE} AS side, function, sum(self_cpu_ns), sum(self_wall_ns), "
-            "sum(self_cpu_sq), sum(self_wall_sq), sum(rows) "
+            "sum(self_cpu_sq), sum(self_wall_sq), sum(rows), sum(self_lock_ns), "
+            "sum(self_alloc_bytes), sum(self_lock_sq), sum(self_alloc_sq) "
             f"FROM {database}.op_tail_functions "
             f"WHERE {_where(' AND method IN {methods:Array(String)}')} "
             f"GROUP BY side, function UNION ALL SELECT {BOUNDARY_CALLS}, function, "
             "sum(self_cpu_ns), sum(self_wall_ns), sum(toFloat64(self_cpu_ns) * self_cpu_ns), "
-            "sum(toFloat64(self_wall_ns) * self_wall_ns), count() "
+            "sum(toFloat64(self_wall_ns) * self_wall_ns), count(), sum(self_lock_ns), "
+            "sum(self_alloc_bytes), sum(toFloat64(self_lock_ns) * self_lock_ns), "
+            "sum(toFloat64(self_alloc_bytes) * self_alloc_bytes) "
             f"FROM {database}.span_functions FINAL WHERE {TENANT} AND {IN_BOUNDARY} "
             "AND method IN {methods:Array(String)} AND span_known = 1 GROUP BY function",
             p))[1]:
         sides.setdefault(str(fn) or "[unknown stack]", {})[int(side)] = [float(x) for x in v]
     fns: Fns = {}
     for fn, by in sides.items():
-        pair = [_split({k: v[i] for k, v in by.items()}) for i in range(5)]
+        pair = [_split({k: v[i] for k, v in by.items()}) for i in range(9)]
         fns[fn] = ([t for t, _ in pair], [s for _, s in pair])
     return fns
 
 
 def _ranked(fns: Fns, tail: dict[str, Any], typ: dict[str, Any], extra: float, limit: int,
-            i: int) -> list[dict[str, Any]]:
-    """Functions by their difference per call (CPU: ``i`` 0, wall: 1), the largest first,
-    each with the share of the tail's extra duration it explains; those whose difference
-    is a negligible share of a tail call's duration left out."""
+            measure: tuple[int, int, str]) -> list[dict[str, Any]]:
+    """Functions by their difference per call of ``measure`` (CPU, WALL, LOCK, ALLOC), the
+    largest first, each with the share of the tail's extra duration it explains (time
+    measures); those whose time difference is a negligible share of a tail call's
+    duration (bytes: of the larger group's bytes per call) left out. Empty where no
+    function has any of it."""
+    i, sq, unit = measure
     nt, ns = int(tail["calls"]), int(typ["calls"])
     tail_ns = int(tail["duration"]) / max(nt, 1)
     rows = []
     for fn, (t, s) in fns.items():
         if not t[i] and not s[i]:
             continue
-        a = {**_figure(t[i], nt, _var(t[i], t[2 + i], nt)), "calls_with": int(t[4])}
-        b = {**_figure(s[i], ns, _var(s[i], s[2 + i], ns)), "calls_with": int(s[4])}
-        delta = a["per_call_ns"] - b["per_call_ns"]
-        if abs(delta) < NEGLIGIBLE * tail_ns:
+        a = {**_figure(t[i], nt, _var(t[i], t[sq], nt), unit), "calls_with": int(t[4])}
+        b = {**_figure(s[i], ns, _var(s[i], s[sq], ns), unit), "calls_with": int(s[4])}
+        delta = a[f"per_call_{unit}"] - b[f"per_call_{unit}"]
+        scale = tail_ns if unit == "ns" else max(a[f"per_call_{unit}"], b[f"per_call_{unit}"])
+        if abs(delta) < NEGLIGIBLE * scale:
             continue  # the same in both groups: not part of the answer
-        ha, hb = a["ci_ns"], b["ci_ns"]
+        ha, hb = a[f"ci_{unit}"], b[f"ci_{unit}"]
         ci = math.hypot(ha, hb) if ha is not None and hb is not None else None
-        rows.append({"name": fn, "tail": a, "typical": b, "delta_ns": delta, "ci_ns": ci,
-                     "explains": delta / extra if extra > 0 else None,
+        rows.append({"name": fn, "tail": a, "typical": b, f"delta_{unit}": delta,
+                     f"ci_{unit}": ci,
+                     "explains": delta / extra if extra > 0 and unit == "ns" else None,
                      "few": a["few"] or (ci is not None and ci > abs(delta))})
-    rows.sort(key=lambda r: (-r["delta_ns"], r["name"]))
+    rows.sort(key=lambda r: (-r[f"delta_{unit}"], r["name"]))
     return rows[:limit]
 
 
@@ -314,85 +328,3 @@ async def _stacks(db: Queryable, database: str, p: dict[str, Any], nt: int, ns: 
     names = {int(sid): list(fns) for sid, fns in rows}
     return [{"frames": list(reversed(names.get(sid, ["[unknown stack]"]))),
              "tail_ns": per[sid][0], "typical_ns": per[sid][1]} for sid in sorted(keep)]
-
-
-async def _attributes(db: Queryable, database: str, minutes: list[int], p: dict[str, Any],
-                      limit: int) -> list[dict[str, Any]]:
-    """The span and resource attributes whose values set the tail apart, compared on the
-    calls of the minutes with the most tail calls: for a numeric key, how far apart the
-    two groups' values lie (``separation``: |2 AUC - 1|, 1 when every tail value is above
-    every typical one); for another, the total variation distance of the two groups'
-    value shares. Keys holding ids (a value per call) are left out."""
-    if not minutes:
-        return []
-    ranges = " OR ".join(f"(Timestamp >= toDateTime({{m{i}:UInt32}}) AND "
-                         f"Timestamp < toDateTime({{m{i}:UInt32}}) + 60)"
-                         for i in range(len(minutes)))
-    _, rows = await db.query(
-        f"SELECT {bucket_sql('Duration')} > {{b:Int32}} OR (TraceId, SpanId) IN "
-        "arrayZip({pt:Array(String)}, {ps:Array(String)}), SpanAttributes, "
-        f"ResourceAttributes FROM {database}.otel_traces WHERE {TENANT} "
-        "AND ServiceName = {service:String} AND SpanName = {operation:String} "
-        f"AND ({ranges}) LIMIT 1 BY TraceId, SpanId LIMIT {{n:UInt32}}",
-        {**p, **{f"m{i}": m for i, m in enumerate(minutes)}, "n": MAX_ATTRIBUTE_SPANS})
-    values: dict[str, tuple[list[str], list[str]]] = {}
-    counts: Counter[str] = Counter()
-    sizes = [0, 0]
-    for is_tail, attrs, res in rows:
-        side = 0 if is_tail else 1
-        sizes[side] += 1
-        merged = {**{f"resource.{k}": v for k, v in dict(res).items()}, **dict(attrs)}
-        for k, v in merged.items():
-            counts[k] += 1
-            values.setdefault(k, ([], []))[side].append(str(v)[:MAX_VALUE])
-    n_t, n_s = sizes
-    if not n_t or not n_s:
-        return []
-    out: list[dict[str, Any]] = []
-    for k, _ in counts.most_common(MAX_ATTRIBUTES):
-        t_vals, s_vals = values[k]
-        nums_t, nums_s = _numbers(t_vals), _numbers(s_vals)
-        if nums_t is not None and nums_s is not None and nums_t and nums_s:
-            out.append({"key": k, "kind": "numeric",
-                        "separation": abs(2 * _auc(nums_t, nums_s) - 1),
-                        "tail": {"mean": sum(nums_t) / len(nums_t), "calls": len(nums_t)},
-                        "typical": {"mean": sum(nums_s) / len(nums_s), "calls": len(nums_s)},
-                        "few": len(nums_t) < FEW_CALLS})
-            continue
-        distinct = len(set(t_vals) | set(s_vals))
-        if distinct > MAX_DISTINCT_SHARE * (len(t_vals) + len(s_vals)) and distinct > 10:
-            continue  # an id: every call its own value
-        ct, cs = Counter(t_vals), Counter(s_vals)
-        ct["(absent)"], cs["(absent)"] = n_t - len(t_vals), n_s - len(s_vals)
-        tv = 0.5 * sum(abs(ct[v] / n_t - cs[v] / n_s) for v in ct | cs)
-        top = max(ct | cs, key=lambda v: (ct[v] / n_t - cs[v] / n_s, v))
-        out.append({"key": k, "kind": "values", "separation": tv, "value": top,
-                    "tail": {"share": ct[top] / n_t, "calls": n_t},
-                    "typical": {"share": cs[top] / n_s, "calls": n_s},
-                    "few": n_t < FEW_CALLS})
-    out = [a for a in out if a["separation"] >= MIN_SEPARATION]
-    out.sort(key=lambda a: (-float(a["separation"]), str(a["key"])))
-    return out[:limit]
-
-
-def _numbers(vals: list[str]) -> list[float] | None:
-    got = []
-    for v in vals:
-        try:
-            x = float(v)
-        except ValueError:
-            return None
-        if not math.isfinite(x):
-            return None
-        got.append(x)
-    return got
-
-
-def _auc(a: list[float], b: list[float]) -> float:
-    """P(x > y) + P(x = y) / 2 for x from ``a``, y from ``b``."""
-    bs = sorted(b)
-    total = 0.0
-    for x in a:
-        lo, hi = bisect.bisect_left(bs, x), bisect.bisect_right(bs, x)
-        total += lo + (hi - lo) / 2
-    return total / (len(a) * len(bs))

@@ -100,4 +100,16 @@ class TestJavaAgentUploads:
             kinds = dict(ch.query("SELECT sample_type, count() FROM spanprof.profile_samples "
                                   f"WHERE service = '{SERVICE}' GROUP BY sample_type"
                                   ).result_rows)
+            # JFR allocation and lock events labelled with a span: every byte and
+            # nanosecond of them reaches a span by an exact method (issue #21)
+            raw = dict(ch.query(
+                "SELECT measure, sum(value) FROM spanprof.profile_samples WHERE service = "
+                f"'{SERVICE}' AND span_id != '' AND measure IN ('lock', 'alloc') "
+                "GROUP BY measure").result_rows)
+            joined = ch.query(
+                "SELECT sum(lock_ns), sum(alloc_bytes) FROM spanprof.span_attribution FINAL "
+                f"WHERE service = '{SERVICE}' AND method IN ('link', 'link+time')"
+                ).result_rows[0]
         assert {"cpu", "wall", "alloc_bytes", "lock_duration"} <= set(kinds)
+        assert raw.get("alloc", 0) > 0, raw
+        assert joined == (raw.get("lock", 0), raw["alloc"])

@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from pipeline import cli, flamegraph
-from pipeline.admin import why
+from pipeline import cli, flamegraph, why_text
+from pipeline.admin import queries, why
 from pipeline.admin.server import AdminServer
 from pipeline.exporters.clickhouse.exporter import ClickHouseExporter, Config
 from pipeline.graph import Graph, Node
@@ -98,6 +98,27 @@ def waiting() -> tuple[list[Span], list[Attribution]]:
     return spans, attrs
 
 
+def contended() -> tuple[list[Span], list[Attribution]]:
+    """reserve stock: 40 ms of CPU in handle in every call; the SLOW ones last 1 s, 900 ms
+    of it waiting for a lock (a contention profile: lock wait in Mutex.lock) and
+    allocating 8 MiB in make_slice, the others 50 ms with 64 KiB allocated."""
+    spans, attrs = [], []
+    for i in range(CALLS):
+        tid, sid = ids(i, 7)
+        start = T0 + i * 10 * MS
+        slow = i in SLOW
+        dur = 1000 * MS if slow else 50 * MS
+        spans.append(Span(tid, sid, b"", "reserve stock", 2, "shop", start, start + dur))
+        a = row(tid, sid, "reserve stock", start, dur, {HANDLE: 40 * MS}, {},
+                {HANDLE: "handle"})
+        a.lock_ns = 900 * MS if slow else 0
+        a.self_lock_ns = {"Mutex.lock": a.lock_ns} if slow else {}
+        a.alloc_bytes = (8 << 20) if slow else (64 << 10)
+        a.self_alloc_bytes = {"make_slice": a.alloc_bytes}
+        attrs.append(a)
+    return spans, attrs
+
+
 @pytest.fixture
 async def store(tmp_path: Path) -> AsyncIterator[ClickHouseExporter]:
     ex = ClickHouseExporter(Config(endpoint=f"chdb://{tmp_path}/ch", flush_interval=0.05,
@@ -106,6 +127,7 @@ async def store(tmp_path: Path) -> AsyncIterator[ClickHouseExporter]:
     try:
         await ex.start()
         for tenant, (spans, attrs) in (("default", burning()), ("default", waiting()),
+                                       ("default", contended()),
                                        ("other", burning(tenant_salt=0))):
             if tenant == "other":  # same ids, but the tail burns in handle, not slow_path,
                 for sp in spans:  # and every cart is of one item
@@ -238,6 +260,49 @@ class TestWaiting:
         top = got["wall_functions"][0]
         assert top["name"] == "lock_wait"
         assert top["delta_ns"] == 1890 * MS
+
+
+class TestLockAndAlloc:
+    async def test_waiting_on_a_lock_and_allocating(self, store: ClickHouseExporter) -> None:
+        """A contention profile says on what the tail waits: the lock's function, with
+        the share of the extra duration it explains; bytes allocated per call too."""
+        got = await ask(store, "reserve stock")
+        assert got["verdict"] == "waiting"
+        assert got["tail"]["lock"]["per_call_ns"] == 900 * MS
+        assert got["typical"]["lock"]["per_call_ns"] == 0
+        assert got["extra_lock_ns"] == 900 * MS
+        (top,) = got["lock_functions"]
+        assert (top["name"], top["delta_ns"]) == ("Mutex.lock", 900 * MS)
+        assert top["explains"] == pytest.approx(900 / 950)
+        assert got["tail"]["alloc"]["per_call_bytes"] == 8 << 20
+        assert got["typical"]["alloc"]["per_call_bytes"] == 64 << 10
+        (fn,) = got["alloc_functions"]
+        assert (fn["name"], fn["delta_bytes"], fn["explains"]) == \
+            ("make_slice", (8 << 20) - (64 << 10), None)
+        assert got["wall_functions"] == [] and got["functions"] == []
+        assert not any("cannot say on what" in n for n in got["notes"])
+        text = why_text.text(got)
+        assert "lock wait" in text and "Mutex.lock" in text and "8.0 MiB" in text
+
+    async def test_top_and_explain_by_lock_and_bytes(self, store: ClickHouseExporter) -> None:
+        """``top --by lock|alloc`` and a trace's spans carry lock wait and bytes, with the
+        functions behind them."""
+        got = await queries.top_spans(store, "spanprof", order="lock", limit=3,
+                                      tenant="default")
+        assert [s["lock_ns"] for s in got] == [900 * MS] * 3
+        assert got[0]["top_lock_functions"] == [{"name": "Mutex.lock", "self_ns": 900 * MS}]
+        assert got[0]["top_alloc_functions"] == [{"name": "make_slice", "bytes": 8 << 20}]
+        big = await queries.top_spans(store, "spanprof", order="alloc", limit=1,
+                                      tenant="default")
+        assert big[0]["alloc_bytes"] == 8 << 20
+        tid = got[0]["trace_id"]
+        (span,) = (await queries.trace(store, "spanprof", tid, tenant="default"))["spans"]
+        assert (span["lock_ns"], span["alloc_bytes"]) == (900 * MS, 8 << 20)
+
+    async def test_no_lock_profile_no_lock_figures(self, store: ClickHouseExporter) -> None:
+        got = await ask(store, "get cart")
+        assert got["lock_functions"] == [] and got["alloc_functions"] == []
+        assert "lock wait" not in why_text.text(got)
 
 
 class TestNoProfile:

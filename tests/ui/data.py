@@ -94,6 +94,9 @@ class Feed:
             for i in range(50):
                 self.cpu(["threading.Lock.acquire", "price", "handler"], tid, root,
                          at(base + 10 * i), t0, measure="wall")
+                # and a contention profile of the same wait (Go's delay/nanoseconds)
+                self.cpu(["threading.Lock.acquire", "price", "handler"], tid, root,
+                         at(base + 10 * i), t0, measure="delay")
             for i in range(8):  # no label: the profiler of the process, by thread
                 self.cpu(["json.dumps", "serialize", "handler"], b"", b"",
                          at(price_end + 5 + 10 * i), t0)

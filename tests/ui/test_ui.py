@@ -91,7 +91,11 @@ class TestClickPath:
         page.locator(".wf-body .wf-row").nth(0).focus()
         page.keyboard.press("ArrowDown")
         page.keyboard.press("ArrowDown")  # focus shows the span's details
-        assert "threading.Lock.acquire" in page.inner_text(".span-detail")
+        detail = page.inner_text(".span-detail")
+        assert "threading.Lock.acquire" in detail
+        # the contention profile of the same wait: its lock wait and the function
+        assert "lock wait 500 ms" in " ".join(detail.split()) and \
+            "Where it waited for a lock" in detail
         screenshot(page, "trace", docs=True)
 
         # the span's flame graph: the hot function's frame, its time and share on hover

@@ -30,6 +30,16 @@ export function dur(ns) {
   return `${(ns / 1e9).toFixed(a < 1e10 ? 2 : 1)} s`;
 }
 
+/** Bytes as people read them: 512 B, 4.0 KiB, 12.5 MiB. */
+export function size(bytes) {
+  if (bytes === null || bytes === undefined || Number.isNaN(bytes)) return "–";
+  const a = Math.abs(bytes);
+  for (const [unit, n] of [["GiB", 2 ** 30], ["MiB", 2 ** 20], ["KiB", 2 ** 10]]) {
+    if (a >= n) return `${(bytes / n).toFixed(1)} ${unit}`;
+  }
+  return `${Math.round(bytes)} B`;
+}
+
 /** A duration in ns as the API reads it back (``123.457ms``), rounded down or up to µs. */
 export function durParam(ns, up = false) {
   const us = up ? Math.ceil(ns / 1e3) : Math.floor(ns / 1e3);

@@ -2,7 +2,7 @@
 // CPU or (where a wall-clock profile covers it) wall time; its figures and method; the
 // functions it burnt and the ones it waited in, each a link to the spans that burnt it.
 import { flameGraph, flameTree } from "../flame.js";
-import { api, dur, h, link, methodBadges, rangeAround, replaceParams, when } from "../lib.js";
+import { api, dur, h, link, methodBadges, rangeAround, replaceParams, size, when } from "../lib.js";
 import { fnTable } from "./trace.js";
 
 export async function render(root, args, params) {
@@ -35,6 +35,8 @@ export async function render(root, args, params) {
       fig("duration", dur(s.duration_ns)), fig("CPU", dur(s.cpu_ns)),
       fig("with children", dur(s.inclusive_cpu_ns)), fig("off-CPU", dur(s.off_cpu_ns)),
       fg.wall_ns ? fig("wall profile", dur(fg.wall_ns)) : null,
+      s.lock_ns ? fig("lock wait", dur(s.lock_ns)) : null,
+      s.alloc_bytes ? fig("allocated", size(s.alloc_bytes)) : null,
       fig("samples", s.sample_count), fig("start", s.start_time_unix_nano ? when(s.start_time_unix_nano) : "–")),
     h("p", {}, "Method: ", methodBadges(s.method, s.approximate)),
     h("div", { class: "toolbar" },
@@ -61,6 +63,14 @@ export async function render(root, args, params) {
   if ((s.top_wall_functions || []).length) {
     lists.append(h("section", { class: "wall" }, h("h2", {}, "Wall-clock breakdown (where it waited)"),
       fnTable(s.top_wall_functions, fnLink)));
+  }
+  if ((s.top_lock_functions || []).length) {
+    lists.append(h("section", { class: "lock" }, h("h2", {}, "Lock wait (contention profile)"),
+      fnTable(s.top_lock_functions, fnLink)));
+  }
+  if ((s.top_alloc_functions || []).length) {
+    lists.append(h("section", { class: "alloc" }, h("h2", {}, "Allocated (bytes)"),
+      fnTable(s.top_alloc_functions, fnLink)));
   }
   root.append(lists);
 }

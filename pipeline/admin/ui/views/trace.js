@@ -4,7 +4,7 @@
 // method that placed them (exact / child / thread / window). Where in the span the CPU
 // was burnt is not known from a profile, so the CPU is drawn as a share, from the left.
 import {
-  api, dur, esc, h, link, methodBadges, methodBadgesHtml, pct, rangeAround, rowKeys, when,
+  api, dur, esc, h, link, methodBadges, methodBadgesHtml, pct, rangeAround, rowKeys, size, when,
 } from "../lib.js";
 
 export async function render(root, args, params) {
@@ -133,6 +133,8 @@ function details(s, tid) {
       figure("duration", dur(s.duration_ns)), figure("CPU", dur(s.cpu_ns)),
       figure("with children", dur(s.inclusive_cpu_ns)), figure("off-CPU", dur(s.off_cpu_ns)),
       s.wall_ns ? figure("wall profile", dur(s.wall_ns)) : null,
+      s.lock_ns ? figure("lock wait", dur(s.lock_ns)) : null,
+      s.alloc_bytes ? figure("allocated", size(s.alloc_bytes)) : null,
       figure("samples", s.sample_count), figure("span", s.span_id)),
     h("p", {}, methodBadges(s.method, s.approximate), " ",
       h("a", { href: link(`span/${tid}/${s.span_id}`), class: "button" }, "flame graph →")),
@@ -143,10 +145,18 @@ function details(s, tid) {
   if ((s.top_wall_functions || []).length) {
     out.push(h("h3", {}, "Where it waited (wall clock)"), fnTable(s.top_wall_functions, fnLink));
   }
+  if ((s.top_lock_functions || []).length) {
+    out.push(h("h3", {}, "Where it waited for a lock"), fnTable(s.top_lock_functions, fnLink));
+  }
+  if ((s.top_alloc_functions || []).length) {
+    out.push(h("h3", {}, "Where it allocated"), fnTable(s.top_alloc_functions, fnLink));
+  }
   return out;
 }
 
+/** Functions and their time (``self_ns``) or bytes (``bytes``). */
 export function fnTable(fns, fnLink) {
   return h("table", { class: "fns" }, h("tbody", {}, fns.map((f) =>
-    h("tr", {}, h("td", {}, fnLink(f)), h("td", { class: "num" }, dur(f.self_ns))))));
+    h("tr", {}, h("td", {}, fnLink(f)),
+      h("td", { class: "num" }, f.bytes !== undefined ? size(f.bytes) : dur(f.self_ns))))));
 }

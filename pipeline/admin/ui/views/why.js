@@ -5,7 +5,7 @@
 // the tail's flame graph per call coloured by its difference with the typical calls'.
 import { flameGraph } from "../flame.js";
 import {
-  api, dur, durParam, h, link, pct, rangeInput, replaceParams, rowKeys, serviceSelects,
+  api, dur, durParam, h, link, pct, rangeInput, replaceParams, rowKeys, serviceSelects, size,
 } from "../lib.js";
 
 const VERDICTS = {
@@ -46,9 +46,14 @@ export function stacksTree(stacks) {
 }
 
 const few = (f) => (f && f.few ? h("span", { class: "few", title: FEW_TITLE }, "too few calls") : null);
-const signed = (ns) => `${ns >= 0 ? "+" : "−"}${dur(Math.abs(ns))}`;
-const ci = (ns) => (ns === null || ns === undefined ? null : h("span", { class: "ci" }, ` ±${dur(ns)}`));
-const figure = (f) => [dur(f.per_call_ns), ci(f.ci_ns), few(f)];
+// a figure's unit: "ns" (time), or "bytes" (per_call_bytes, allocations)
+const unitOf = (f) => ("per_call_bytes" in f ? "bytes" : "ns");
+const show = (v, unit = "ns") => (unit === "bytes" ? size(v) : dur(v));
+const signed = (v, unit = "ns") => `${v >= 0 ? "+" : "−"}${show(Math.abs(v), unit)}`;
+const ci = (v, unit = "ns") => (v === null || v === undefined ? null
+  : h("span", { class: "ci" }, ` ±${show(v, unit)}`));
+const figure = (f) => [show(f[`per_call_${unitOf(f)}`], unitOf(f)), ci(f[`ci_${unitOf(f)}`], unitOf(f)), few(f)];
+const perCall = (f) => f[`per_call_${unitOf(f)}`];
 const callsOf = (n) => `${n} call${n === 1 ? "" : "s"}`;
 
 export async function render(root, _args, params) {
@@ -110,6 +115,10 @@ export async function render(root, _args, params) {
 
   const rows = [["duration", "Duration"], ["cpu", "CPU of the span"],
     ["inclusive_cpu", "CPU with children"], ["off_cpu", "Off-CPU"]];
+  // lock wait and bytes allocated: where a contention or allocation profile reached them
+  for (const [k, label] of [["lock", "Lock wait"], ["alloc", "Allocated"]]) {
+    if (w.tail[k] && (perCall(w.tail[k]) || perCall(w.typical[k]))) rows.push([k, label]);
+  }
   const left = h("section", {}, h("h2", {}, "Tail and typical calls"));
   const right = h("section", {});
   root.append(h("div", { class: "columns" }, left, right));
@@ -121,23 +130,25 @@ export async function render(root, _args, params) {
     h("tbody", {},
       rows.map(([k, label]) => h("tr", {}, h("th", { scope: "row" }, label),
         h("td", { class: "num" }, figure(w.tail[k])), h("td", { class: "num" }, figure(w.typical[k])),
-        h("td", { class: `num ${diffClass(w.tail[k].per_call_ns - w.typical[k].per_call_ns)}` },
-          signed(w.tail[k].per_call_ns - w.typical[k].per_call_ns)))),
+        h("td", { class: `num ${diffClass(perCall(w.tail[k]) - perCall(w.typical[k]))}` },
+          signed(perCall(w.tail[k]) - perCall(w.typical[k]), unitOf(w.tail[k]))))),
       h("tr", {}, h("th", { scope: "row" }, "Samples (all calls)"), h("td", { class: "num" }, w.tail.samples),
         h("td", { class: "num" }, w.typical.samples), h("td", {})))),
   h("p", { class: "hint" }, "± : 95% interval of the mean per call; CPU placed by the exact methods."));
 
   const fnLink = (name) => h("a", { href: link("function", { name, service: p.service,
     operation: p.operation, range: p.range }) }, name);
-  const fnTable = (list, what) => {
+  const fnTable = (list, what, unit = "ns") => {
     const table = h("table", { class: "fns wide why-fns" },
       h("thead", {}, h("tr", {}, h("th", {}, "Function"), h("th", { class: "num" }, `Tail ${what}`),
         h("th", { class: "num" }, `Typical ${what}`), h("th", { class: "num" }, "Difference"),
         h("th", { class: "num", title: "share of the tail's extra duration per call" }, "Explains"))),
       h("tbody", {}, list.map((f) => h("tr", { class: "call", tabindex: "0", "data-name": f.name },
         h("td", {}, fnLink(f.name), few(f)),
-        h("td", { class: "num" }, dur(f.tail.per_call_ns)), h("td", { class: "num" }, dur(f.typical.per_call_ns)),
-        h("td", { class: `num ${diffClass(f.delta_ns)}` }, signed(f.delta_ns), ci(f.ci_ns)),
+        h("td", { class: "num" }, show(f.tail[`per_call_${unit}`], unit)),
+        h("td", { class: "num" }, show(f.typical[`per_call_${unit}`], unit)),
+        h("td", { class: `num ${diffClass(f[`delta_${unit}`])}` }, signed(f[`delta_${unit}`], unit),
+          ci(f[`ci_${unit}`], unit)),
         h("td", { class: "num explains" }, f.explains === null ? "–" : [
           h("span", { class: "share", style: { width: `${Math.round(60 * Math.min(1, Math.max(0, f.explains)))}px` } }),
           pct(f.explains)])))));
@@ -150,6 +161,14 @@ export async function render(root, _args, params) {
   if (w.wall_functions.length) {
     right.append(h("h2", {}, "Functions by difference in wall time per call (where it waited)"),
       fnTable(w.wall_functions, "wall"));
+  }
+  if ((w.lock_functions || []).length) {
+    right.append(h("h2", {}, "Functions by difference in lock wait per call (contention profile)"),
+      fnTable(w.lock_functions, "lock wait"));
+  }
+  if ((w.alloc_functions || []).length) {
+    right.append(h("h2", {}, "Functions by difference in bytes allocated per call"),
+      fnTable(w.alloc_functions, "bytes", "bytes"));
   }
   if (w.attributes.length) {
     const side = (a, g) => (a.kind === "numeric" ? `mean ${+g.mean.toPrecision(4)}`
