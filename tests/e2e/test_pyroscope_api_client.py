@@ -191,7 +191,7 @@ class TestGrafanaClient:
                                   "EXEMPLAR_TYPE_NONE", **rng}),
             call("SelectMergeStacktraces", {"profileTypeID": WALL, "labelSelector": "{}",
                                             **rng}),
-            call("SelectMergeStacktraces", {"profileTypeID": "memory:alloc_space:bytes:"
+            call("SelectMergeStacktraces", {"profileTypeID": "memory:inuse_space:bytes:"
                                             "space:bytes", "labelSelector": "{}", **rng}),
             call("SelectSeries", {"profileTypeID": CPU, "labelSelector": '{pod="a"}',
                                   "step": 15, **rng}, json=True),
@@ -233,7 +233,7 @@ class TestGrafanaClient:
                  "exemplars": []}]}]}
         assert answers[12]["flamegraph"]["total"] == str(200 * MS)
         assert answers[13]["code"] == "invalid_argument"
-        assert answers[13]["message"].startswith("profile_typeID: 'memory:alloc_space")
+        assert answers[13]["message"].startswith("profile_typeID: 'memory:inuse_space")
         assert answers[14]["code"] == "invalid_argument"
         assert answers[14]["message"].startswith("label_selector: label 'pod'")
         assert answers[15]["code"] == "unimplemented"
