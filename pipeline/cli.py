@@ -139,14 +139,6 @@ def _ms(ns: int) -> str:
     return f"{ns / 1e6:.1f}ms"
 
 
-def _bytes(n: int) -> str:
-    """Bytes in binary units: 512B, 4.0KiB, 12.5MiB, 3.1GiB."""
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= size:
-            return f"{n / size:.1f}{unit}"
-    return f"{n}B"
-
-
 def cmd_top(args: argparse.Namespace) -> int:
     data = _get(args, "/api/v1/spans", {"order": args.by, "limit": args.limit,
                                         "service": args.service, "method": args.method})
@@ -164,8 +156,8 @@ def cmd_top(args: argparse.Namespace) -> int:
     for s in spans:
         top = s["top_functions"][0] if s["top_functions"] else None
         topf = f"{top['name']} ({_ms(top['self_ns'])})" if top else "-"
-        more = f"{_ms(s.get('lock_ns', 0)):>10}  {_bytes(s.get('alloc_bytes', 0)):>10}  " \
-            if extra else ""
+        alloc = why_text.size(s.get("alloc_bytes", 0), "")
+        more = f"{_ms(s.get('lock_ns', 0)):>10}  {alloc:>10}  " if extra else ""
         print(f"{s['trace_id']:32}  {s['span_id']:16}  {s['service'][:16]:16}  "
               f"{s['name'][:24]:24}  {_ms(s['duration_ns']):>10}  {_ms(s['cpu_ns']):>10}  "
               f"{_ms(s['inclusive_cpu_ns']):>10}  {_ms(s['off_cpu_ns']):>10}  {more}"
@@ -202,7 +194,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
         if s.get("lock_ns"):
             line += f" (lock {_ms(s['lock_ns'])})"
         if s.get("alloc_bytes"):
-            line += f"  alloc {_bytes(s['alloc_bytes'])}"
+            line += f"  alloc {why_text.size(s['alloc_bytes'], '')}"
         line += f"  samples {s['sample_count']}"
         if top:
             line += f"  top {top['name']} {_ms(top['self_ns'])}"
@@ -215,8 +207,9 @@ def cmd_explain(args: argparse.Namespace) -> int:
                                 ("top_alloc_functions", "alloc", "bytes")):
             fns = s.get(key) or []
             if fns:
-                what = ", ".join(f"{f['name']} " + (_ms(f["self_ns"]) if fmt == "ms"
-                                                    else _bytes(f["bytes"])) for f in fns[:3])
+                what = ", ".join(f"{f['name']} " + (_ms(f["self_ns"]) if fmt == "ms" else
+                                                    why_text.size(f["bytes"], ""))
+                                 for f in fns[:3])
                 print(f"{pad}   {label}: {what}")
         kids = children.get(s["span_id"], [])
         ext = "" if depth == 0 else ("   " if last else "│  ")

@@ -21,17 +21,19 @@ def _ms(ns: float) -> str:
     return f"{ns / 1e6:.1f} ms"
 
 
-def _bytes(n: float) -> str:
+def size(n: float, sep: str = " ") -> str:
+    """Bytes in binary units: 512 B, 4.0 KiB, 12.5 MiB (``sep`` between number and unit:
+    ``spanprof explain``/``top`` print none)."""
     a = abs(n)
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if a >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n:.0f} B"
+    for unit, step in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if a >= step:
+            return f"{n / step:.1f}{sep}{unit}"
+    return f"{n:.0f}{sep}B"
 
 
 def _fig(f: dict[str, Any]) -> str:
     """Mean per call, its interval and the few-calls mark (time, or bytes)."""
-    unit, show = ("bytes", _bytes) if "per_call_bytes" in f else ("ns", _ms)
+    unit, show = ("bytes", size) if "per_call_bytes" in f else ("ns", _ms)
     out = show(f[f"per_call_{unit}"])
     if f.get(f"ci_{unit}") is not None:
         out += f" ±{show(f[f'ci_{unit}'])}"
@@ -74,7 +76,7 @@ def text(d: dict[str, Any]) -> str:
                        ("alloc_functions", "bytes allocated per call")):
         if not d.get(key):
             continue
-        unit, show = ("bytes", _bytes) if key == "alloc_functions" else ("ns", _ms)
+        unit, show = ("bytes", size) if key == "alloc_functions" else ("ns", _ms)
         lines.append("")
         lines.append(f"functions by {title}, tail - typical"
                      + (" (share of the extra duration)" if unit == "ns" else ""))
