@@ -15,8 +15,13 @@ every sample's timestamp is also off its true instant by up to 1 ms either way:
 * ``thread``          no labels; spans carry ``thread.id``: matched by process and thread
 * ``window``          no labels, no threads: time only (approximate)
 
+Each sample's stack is what its span runs (``stack_of``: the operation's own frames under
+the server's, or the event loop's for a task, with its callers' above a synchronous call;
+10% runtime-only and 5% truncated stacks), which placement by stack (``frames``) reads
+where the instant cannot tell: ``async`` and ``window``.
+
 Accuracy is the share of CPU that lands on the right span, sample by sample (each sample
-has a stack of its own, so the rows' per-function CPU says where each one went).
+has a leaf frame of its own, so the rows' per-function CPU says where each one went).
 ``python bench/accuracy.py`` prints one line per scenario; ``make bench`` runs it.
 """
 
@@ -39,6 +44,49 @@ PERIOD_NS = 10_000_000  # 100 Hz
 MS = 1_000_000
 T0 = 1_700_000_000 * 1_000_000_000
 PID = 4242
+
+
+# What the service runs, so that a sample's stack says what it was doing, as a real one
+# does: each request is one of a few endpoints, each child span one of a few operations,
+# each with its own frames (caller first) and the library functions it spends time in,
+# which several operations share. Every stack starts in frames all requests share (the
+# server, or the event loop of an asyncio service); a child span called synchronously (or
+# awaited directly) has its callers' frames above its own, while a task of its own (an
+# asyncio.gather) starts at the event loop, without its parent's.
+ENDPOINTS = {
+    "GET /cart": ["cart.views.get_cart"],
+    "POST /checkout": ["checkout.views.place_order", "checkout.service.checkout"],
+    "GET /product": ["catalog.views.product_page"],
+}
+OPERATIONS = {
+    "SELECT orders": ["orders.repo.find_orders", "sqlalchemy.orm.Query.all",
+                      "psycopg.Cursor.execute"],
+    "SELECT products": ["catalog.repo.load_products", "sqlalchemy.orm.Query.all",
+                        "psycopg.Cursor.execute"],
+    "cache.get": ["cache.client.get_many", "redis.Connection.read_response"],
+    "POST pricing": ["pricing.client.quote", "httpx.Client.send"],
+    "render": ["templates.render_page", "jinja2.Template.render"],
+    "recompute_promotions": ["promotions.engine.recompute", "promotions.rules.apply"],
+}
+LIBRARY = {  # where each operation's self time goes, beyond its own frames
+    "GET /cart": ["dict.__getitem__", "json.encoder.iterencode"],
+    "POST /checkout": ["decimal.Decimal.__mul__", "json.encoder.iterencode"],
+    "GET /product": ["json.encoder.iterencode", "re.Pattern.match"],
+    "SELECT orders": ["socket.socket.recv", "psycopg.Row.__init__"],
+    "SELECT products": ["socket.socket.recv", "psycopg.Row.__init__"],
+    "cache.get": ["socket.socket.recv", "pickle.loads"],
+    "POST pricing": ["ssl.SSLSocket.read", "json.decoder.raw_decode"],
+    "render": ["re.Pattern.sub", "str.join"],
+    "recompute_promotions": ["decimal.Decimal.__mul__", "list.sort", "copy.deepcopy"],
+}
+SERVER = ["main", "server.serve_forever", "threading.Thread.run", "framework.dispatch"]
+EVENT_LOOP = ["main", "asyncio.base_events.run_forever", "asyncio.events.Handle._run",
+              "asyncio.tasks.Task.__step"]
+# runtime work with no frame of any operation: the event loop's own, logging, collection
+RUNTIME = [["asyncio.base_events._run_once", "selectors.EpollSelector.select"],
+           ["logging.Handler.emit", "io.TextIOWrapper.write"], ["gc.collect"]]
+RUNTIME_SHARE = 0.1  # of samples
+TRUNCATED_SHARE = 0.05  # stacks the unwinder cut short: their two innermost frames only
 
 
 @dataclass(frozen=True)
@@ -76,6 +124,12 @@ class Generated:
 def generate(sc: Scenario, n_threads: int = 4, requests_per_thread: int = 40,
              seed: int = 1) -> Generated:
     rng = random.Random(seed)
+    # what each span runs, from a generator of its own: the timeline (``rng``) is the same
+    # whatever the stacks are
+    names_rng = random.Random(seed + 1)
+    names: dict[bytes, str] = {}  # span -> its operation (endpoint for a root)
+    parent_of: dict[bytes, bytes] = {}
+    tasks: set[bytes] = set()  # spans run as tasks of their own (asyncio.gather)
     spans: list[Span] = []
     samples: list[Sample] = []
     truth: dict[bytes, int] = defaultdict(int)
@@ -107,6 +161,10 @@ def generate(sc: Scenario, n_threads: int = 4, requests_per_thread: int = 40,
                     # tasks taking turns on one thread: 5 ms slices, round robin
                     cur += rng.randint(2, 10) * MS
                     kid_ids = [new_id(8) for _ in range(kids)]
+                    for k in kid_ids:
+                        names[k] = names_rng.choice(list(OPERATIONS))
+                        parent_of[k] = span_id
+                        tasks.add(k)
                     left = {k: rng.randint(lo, hi) * MS for k in kid_ids}
                     first = {k: 0 for k in kid_ids}
                     last = {k: 0 for k in kid_ids}
@@ -123,13 +181,15 @@ def generate(sc: Scenario, n_threads: int = 4, requests_per_thread: int = 40,
                     for k in kid_ids:
                         tree.append((k, span_id, first[k], last[k]))
                     end = cur + rng.randint(2, 10) * MS
-                    running.append((last[kid_ids[-1]], end, span_id))
+                    running.append((cur, end, span_id))  # once every task is done
                     return end
                 for _ in range(kids):
                     gap = rng.randint(1, 10) * MS
                     running.append((cur, cur + gap, span_id))
                     cur += gap
                     child = new_id(8)
+                    names[child] = names_rng.choice(list(OPERATIONS))
+                    parent_of[child] = span_id
                     child_start = cur
                     if depth + 1 < 3:
                         cur = build(child, cur, depth + 1, running, tree)
@@ -141,11 +201,12 @@ def generate(sc: Scenario, n_threads: int = 4, requests_per_thread: int = 40,
                 running.append((cur, cur + gap, span_id))
                 return cur + gap
 
+            names[root] = names_rng.choice(list(ENDPOINTS))
             end = build(root, t, 1)
             tree.append((root, b"", t, end))
             for sid, parent, start, stop in tree:
                 attrs = {"thread.id": str(th)} if sc.threads else {}
-                spans.append(Span(trace, sid, parent, "op", 1, "svc", start, stop,
+                spans.append(Span(trace, sid, parent, names[sid], 1, "svc", start, stop,
                                   attributes=attrs,
                                   resource_attributes={"process.pid": str(PID)}))
             # the profiler: one sample per period per thread, at the true instant
@@ -156,11 +217,14 @@ def generate(sc: Scenario, n_threads: int = 4, requests_per_thread: int = 40,
                 while i < len(running) and running[i][1] <= tick:
                     i += 1
                 if i < len(running) and running[i][0] <= tick and rng.random() < 0.67:
-                    # each sample gets a stack of its own, named after it: where its CPU
-                    # lands can then be read, sample by sample, off the rows' functions
+                    # each sample gets a leaf frame of its own, named after it (as an
+                    # unsymbolised address would be): where its CPU lands can then be read,
+                    # sample by sample, off the rows' functions; under it, what its span runs
                     stack = len(stacks) + 1
-                    stacks[stack] = Stack(stack, [f"s{stack}", "handler"], ["app.py"] * 2,
-                                          [1, 2])
+                    frames = [f"s{stack}", *stack_of(running[i][2], names, parent_of, tasks,
+                                                     sc.overlap, names_rng)]
+                    stacks[stack] = Stack(stack, frames, ["app.py"] * len(frames),
+                                          list(range(1, len(frames) + 1)))
                     where[f"s{stack}"] = running[i][2]
                     truth[running[i][2]] += PERIOD_NS
                     samples.append(Sample(
@@ -172,6 +236,29 @@ def generate(sc: Scenario, n_threads: int = 4, requests_per_thread: int = 40,
                 tick += PERIOD_NS
             t = end + rng.randint(1, 20) * MS
     return Generated(spans, samples, stacks, dict(truth), where)
+
+
+def stack_of(span: bytes, names: dict[bytes, str], parent_of: dict[bytes, bytes],
+             tasks: set[bytes], asyncio: bool, rng: random.Random) -> list[str]:
+    """The frames of a sample taken while ``span`` runs, leaf first: the shared frames of
+    the server (or event loop), its callers' frames unless it runs as a task, its own, and
+    often a library function; now and then runtime work, or a truncated stack."""
+    base = EVENT_LOOP if asyncio else SERVER
+    if rng.random() < RUNTIME_SHARE:
+        return list(reversed(base + rng.choice(RUNTIME)))
+    chain: list[str] = []
+    sid = span
+    while True:
+        op = names[sid]
+        chain = (OPERATIONS.get(op) or ENDPOINTS[op]) + chain
+        if sid in tasks or sid not in parent_of:
+            break
+        sid = parent_of[sid]
+    frames = base + ([] if span in tasks else ["framework.middleware"]) + chain
+    if rng.random() < 0.6:
+        frames = frames + [rng.choice(LIBRARY[names[span]])]
+    out = list(reversed(frames))
+    return out[:2] if rng.random() < TRUNCATED_SHARE else out
 
 
 @dataclass

@@ -160,7 +160,8 @@ class Attribution(msgspec.Struct, array_like=True, gc=False):
 
     trace_id: bytes
     span_id: bytes
-    method: str  # link | link+time (exact) | link+share | thread | window (approximate)
+    method: str  # link | link+time (exact) | link+share | thread | window (approximate;
+    # link+share and window may be placed by stack: processors/correlate/frames.py)
     service: str
     name: str
     parent_span_id: bytes

@@ -22,6 +22,13 @@ ACC_BYTES = 250  # an accumulator (held span, orphan, late entry), without metho
 ITEM_BYTES = 40  # one function or stack entry of an accumulator
 METHOD_ITEMS = 19  # a method's entry in an accumulator (``M``), counted in items
 SAMPLE_BYTES = 350  # a timed sample held for grace
+# what ``frames.Frames`` holds: a held sample's stack by id (the decoded list of its
+# functions, kept alive), a frame of it, an operation learnt, a frame it learnt (its entry
+# and float; the strings are shared with the stacks, but may outlive them)
+STACK_BYTES = 120
+FRAME_BYTES = 70
+OP_BYTES = 400
+LEARNT_FRAME_BYTES = 130
 
 
 def span_cost(info: SpanInfo, slots: int) -> int:

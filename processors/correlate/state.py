@@ -16,7 +16,9 @@ upload every 10-60 s). The state keeps, per (trace_id, span_id):
 * ``held``     - samples that carry their own instant (``timed``), held for ``grace`` so that
                  the spans running at that instant are known when they are placed;
 * ``skews``    - per process, how far the profiler's clock is off the tracer's (``skew``),
-                 taken off sample times before they are placed.
+                 taken off sample times before they are placed;
+* ``frames``   - the stacks of held samples, and which frames each operation runs, learnt
+                 to place by stack the samples their instant cannot (``frames``).
 
 How a sample finds its span, and the ``method`` its row says (``link``, ``link+time``,
 ``thread``, ``window``), is in ``placement``.
@@ -29,9 +31,9 @@ placed in a span adds to the inclusive CPU of its known ancestors too.
 
 Memory is bounded twice: by ``max_entries`` (held spans, sample groups and timed samples)
 and by ``max_bytes``, an estimate kept as entries come and go (``bytes``, see ``sizes``).
-Beyond either, markers of reported spans are dropped first (that loses no data), then the
-oldest entries are reported early, counted in ``evicted``: their CPU is reported, never
-dropped.
+Beyond either, markers of reported spans are dropped first, then what ``frames`` learnt
+(neither loses data), then the oldest entries are reported early, counted in ``evicted``:
+their CPU is reported, never dropped.
 
 What the state holds per span is in ``accumulators`` and ``spans``; the Kafka tier, which
 holds nothing, computes each message's rows alone (``messages``).
@@ -54,7 +56,8 @@ from pipeline.records import (
     Span,
     Unattributed,
 )
-from processors.correlate.accumulators import LINK, Acc, Key, add, leaf_of
+from processors.correlate.accumulators import LINK, UNKNOWN_FRAME, Acc, Key, add
+from processors.correlate.frames import Frames
 from processors.correlate.messages import random_source
 from processors.correlate.placement import Placement
 from processors.correlate.sizes import ACC_BYTES, ITEM_BYTES, SAMPLE_BYTES, span_cost
@@ -73,6 +76,7 @@ class Stats:
     samples_by_thread: int = 0
     samples_shared: int = 0  # link+share: untimed, shared in the labelled span's subtree
     samples_by_window: int = 0
+    samples_by_stack: int = 0  # link+share or window: placed by stack among open spans
     rows_out: int = 0
     orphans_reported: int = 0
     late_reported: int = 0
@@ -105,6 +109,7 @@ class CorrelatorState(Placement):
     held: deque[tuple[float, Sample, str]] = field(default_factory=deque)
     skews: dict[tuple[str, int, str], Skew] = field(default_factory=dict)
     labels_children: set[str] = field(default_factory=set)
+    frames: Frames = field(default_factory=Frames)
     # span id -> trace id of known spans: samples labelled with a span id alone (some
     # Pyroscope SDKs) join their span here rather than waiting as orphans
     trace_of: dict[bytes, bytes] = field(default_factory=dict)
@@ -133,7 +138,7 @@ class CorrelatorState(Placement):
         """Estimated memory held (what ``max_bytes`` bounds)."""
         accs = len(self.spans) + len(self.orphans) + len(self.late) + len(self.unattributed)
         return (self._span_bytes + ACC_BYTES * accs + ITEM_BYTES * self._items
-                + SAMPLE_BYTES * (len(self.held) + self._orphan_timed))
+                + SAMPLE_BYTES * (len(self.held) + self._orphan_timed) + self.frames.bytes)
 
     def _over(self) -> bool:
         return self.entries > self.max_entries or self.bytes > self.max_bytes
@@ -237,9 +242,13 @@ class CorrelatorState(Placement):
                 stats.samples_linked += 1
             else:
                 stats.samples_unlinked += 1
-            leaf = leaf_of(batch, smp)
+            stack = batch.stacks.get(smp.stack_id)
+            fns = stack.functions if stack is not None else None
+            leaf = fns[0] if fns else UNKNOWN_FRAME
             if smp.timed:
                 self.held.append((now, smp, leaf))  # placed once its spans are known
+                if fns:  # its stack may tell its span where its instant cannot
+                    self.frames.keep(smp.stack_id, fns)
             elif smp.span_id:
                 gkey = (*self._key(smp), smp.service)
                 group = linked.get(gkey)
@@ -305,11 +314,10 @@ class CorrelatorState(Placement):
                     if sk is None:
                         sk = self.skews[pkey] = Skew()
                     sk.observe(smp.time_ns, info.start_ns, info.end_ns)
-        for smp, leaf in due:
-            if smp.span_id:
-                self._place_linked(smp, leaf, now)
-            else:
-                self._place_unlinked(smp, leaf, now)
+        self._place_due(due, now)
+        if force or not (self.held or self._orphan_timed):
+            # no sample waits for its stack; forced (shutdown): what was learnt goes too
+            self.frames.clear(learnt=force)
 
     # ---- output ------------------------------------------------------------------------
 
@@ -390,6 +398,8 @@ class CorrelatorState(Placement):
             key, (_, info) = self.emitted.popitem(last=False)  # losing a marker loses no data
             if key not in self.spans:
                 self._forget(key, info)
+        if self._over() and self.frames.bytes:
+            self.frames.clear()  # only placement by stack is lost
         while self._over():
             # the oldest held entry of the three kinds is reported first
             heads: list[tuple[float, str, Key]] = []

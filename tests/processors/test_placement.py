@@ -242,6 +242,13 @@ class TestAccuracyScenarios:
         r = run(Scenario("window", labels=False, threads=False))
         assert set(r.by_method) == {"window"}
 
+    def test_async_and_window_placed_by_stack(self) -> None:
+        """Issue #21: async children (tasks taking turns on one thread) at least 85% right,
+        unlabelled samples without threads (window) at least 60%, by their stacks."""
+        by_name = {s.name: s for s in SCENARIOS}
+        assert run(by_name["async"]).accuracy >= 0.85
+        assert run(by_name["window"]).accuracy >= 0.60
+
 
 
 

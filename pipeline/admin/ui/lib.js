@@ -115,7 +115,7 @@ export const METHODS = {
   "link+time": { label: "child", exact: true,
     title: "link+time: samples of the local root placed in this child span by their instant and thread" },
   "link+share": { label: "child ~", exact: false,
-    title: "link+share (approximate): untimed samples of the local root shared in its subtree by self time" },
+    title: "link+share (approximate): samples of the local root shared in its subtree by self time, or placed by their stack among children open at once" },
   "thread": { label: "thread ~", exact: false,
     title: "thread (approximate): unlabelled samples matched by process and thread to the span running then" },
   "window": { label: "window ~", exact: false,
