@@ -283,3 +283,67 @@ class TestLinksAndSchemes:
         finally:
             pg.evaluate("localStorage.removeItem('spanprof.theme')")
             pg.close()
+
+
+# A flame graph of 1 s: `hot` (99.5%) and `mid` (0.5%: a few pixels wide) with 50 callees
+# of 100 µs each (too narrow to draw but once zoomed into `mid`), each over a leaf; and
+# `rare` (0.1%, not drawn at first) over `rare.a` over `rare.deep`
+NARROW_TREE = """() => {
+  const mid = { n: "mid", v: 5e6, c: [] };
+  for (let i = 50; i >= 1; i--) {  // not in name order: the graph sorts them
+    const k = String(i).padStart(2, "0");
+    mid.c.push({ n: `m.c${k}`, v: 1e5, c: [{ n: `leaf${k}`, v: 1e5 }] });
+  }
+  return { n: "all", v: 1e9, c: [{ n: "hot", v: 994e6 }, mid, { n: "rare", v: 1e6,
+    c: [{ n: "rare.a", v: 6e5, c: [{ n: "rare.deep", v: 6e5 }] }, { n: "rare.b", v: 4e5 }] }] };
+}"""
+
+
+def draw_tree(page: Any, opts: str = "{}") -> None:
+    """Draw NARROW_TREE with flame.js in the page, in place of the view."""
+    page.evaluate(f"""async () => {{
+      const {{ flameGraph }} = await import("./flame.js");
+      const el = document.createElement("section");
+      el.className = "flame";
+      document.getElementById("main").replaceChildren(el);
+      await flameGraph(el, ({NARROW_TREE})(), {opts});
+    }}""")
+
+
+class TestLargeFlameGraph:
+    def test_narrow_frames_drawn_when_zoomed_into(self, pipeline: Pipeline, page: Any) -> None:
+        """Frames too narrow to draw are left out of the first draw, and drawn, each in its
+        place, once the frame above them is zoomed into (click, or a link's zoom); the
+        search counts and sums the whole tree; hover says a frame's share of all."""
+        sp, _ = pipeline
+        open_view(page, sp, "#/search")
+        draw_tree(page)
+        assert page.locator("g.frame[name='mid']").count() == 1
+        assert page.locator("g.frame[name^='m.c']").count() == 0  # 0.14 px each
+        assert page.locator("g.frame[name='rare']").count() == 0  # 1.4 px
+        page.fill(".fg-search", "m.c")
+        expect(page.locator(".fg-found")).to_have_text("50 frames match: 5.00 ms (0.5%)")
+        page.locator("g.frame[name='mid']").click()
+        expect(page.locator("g.frame[name^='m.c']")).to_have_count(50)
+        expect(page.locator("g.frame[name^='leaf']")).to_have_count(50)
+        page.wait_for_timeout(400)  # the zoom's transition
+        width = float(page.get_attribute("section.flame svg", "width") or 0)
+        frames = page.evaluate("""() => [...document.querySelectorAll("g.frame[name^='m.c']")]
+          .map((g) => [g.getAttribute("name"), g.transform.baseVal.consolidate().matrix.e,
+                       +g.getAttribute("width")]).sort((a, b) => a[1] - b[1])""")
+        assert [f[0] for f in frames] == [f"m.c{i:02d}" for i in range(1, 51)]  # by name
+        for i, (_, x, w) in enumerate(frames):
+            assert abs(w - width / 50) < 0.01 and abs(x - i * width / 50) < 0.01, frames[i]
+        assert page.locator("g.frame[name='m.c07'] rect").get_attribute("fill") == "#E600E6"
+        page.locator("g.frame[name='leaf07']").hover()
+        hover = "leaf07: 100 µs CPU, 0.010% of all, 100.0% of m.c07"
+        assert page.inner_text(".fg-details") == hover
+        assert page.locator("g.frame[name='leaf07'] title").text_content() == hover
+        page.keyboard.press("Escape")
+        expect(page.locator("g.frame[name^='m.c']")).to_have_count(0)
+
+        draw_tree(page, '{ zoom: "rare;rare.a" }')
+        assert page.locator("g.frame[name='rare.deep']").count() == 1
+        assert page.locator("g.frame[name='rare.b']").count() == 0  # beside the zoomed frame
+        assert page.locator("g.frame.fade[name='rare']").count() == 1
+        assert "rare.a 600 µs CPU, 0.060% of all, 60.0% of rare" in page.inner_text(".fg-selected")

@@ -39,10 +39,16 @@
       children: p.children || "1", measure: p.measure || "cpu", method: method, format: "nodes" }]);
   }
   // the flame graph's libraries (300 kB), loaded only by the views that draw one: at once
-  // for those, later (flame.js) for the others
+  // for those, later (flame.js) for the others; by the URLs index.html names them with
+  // (their version: taken from the cache without asking the server, which is busy with
+  // the view's answers then)
+  var libs = document.getElementById("libs");
+  var srcs = libs ? Array.prototype.map.call(libs.content.querySelectorAll("script"),
+    function (s) { return s.getAttribute("src"); }) : [];
+  if (srcs.length !== 2) srcs = ["vendor/d3.min.js", "vendor/d3-flamegraph.umd.min.js"];
   window.spanprofLoadLibs = function () {
     if (!window.spanprofLibs) {
-      window.spanprofLibs = ["vendor/d3.min.js", "vendor/d3-flamegraph.umd.min.js"].map(function (src) {
+      window.spanprofLibs = srcs.map(function (src) {
         return new Promise(function (resolve, reject) {
           var el = document.createElement("script");
           el.src = src;

@@ -29,6 +29,14 @@ export function flameTree(answer) {
   return root;
 }
 
+const SVG = "http://www.w3.org/2000/svg";
+const CELL = 18;        // a frame's height (px)
+const MIN_FRAME = 2;    // narrower frames (px) are not drawn: unreadable, and most of the DOM
+const MIN_LABEL = 35;   // the library shows a frame's name from this width (px)
+// d3.ascending on the names: the order the library's sort(true) gave
+const byName = (a, b) => (a.n < b.n ? -1 : a.n > b.n ? 1 : 0);
+const matches = (name, term) => !!term && name.toLowerCase().includes(term.toLowerCase());
+
 /** The path of names from the root's child down to a hierarchy node. */
 function pathOf(node) {
   const names = [];
@@ -40,7 +48,7 @@ function pathOf(node) {
  * Draw `tree` in `container`. Options: `diff` (the tree has `d`), `query` (search term),
  * `zoom` (a path of names joined by ";"), `onState({query, zoom})` when either changes,
  * `onSelect(name, node)` when a frame is clicked, `what` (what the values are: "CPU"),
- * `base` (what a diff compares with: "base").
+ * `base` (what a diff compares with: "base"). Sorts `tree`'s children by name, in place.
  * Resolves once the frames are drawn.
  */
 export async function flameGraph(container, tree, opts = {}) {
@@ -81,21 +89,124 @@ export async function flameGraph(container, tree, opts = {}) {
     }
     return s;
   };
+
+  // The library builds a d3 hierarchy of every node it is given and lays all of them out
+  // on each draw, though it draws only the frames wider than MIN_FRAME: a span's 10 000
+  // nodes for ~460 frames. It is given the children of the frames it may draw, in the
+  // frame zoomed into (`kids`: of the nodes worth more than `cut`), not their children
+  // (the children all, so that each frame keeps its place); a zoom into a frame first
+  // adds the nodes it will draw (`grow`). A node's value is still the whole tree's (what
+  // is left out included): the widths and the hover shares are unchanged, and the
+  // search's figures are taken of the whole tree.
+  const cutAt = (value) => value * MIN_FRAME / width * 0.999;
+  const sorted = new WeakSet();
+  const sortedKids = (d) => {
+    if (d.c && !sorted.has(d)) { d.c.sort(byName); sorted.add(d); }
+    return d.c;
+  };
+  let cut = cutAt(total);
+  const kids = (d) => (d.v > cut && d.c && d.c.length ? sortedKids(d) : null);
+  let zoomed = null;  // the hierarchy node zoomed into (the root: none)
+  let nextId = 0;  // the library numbers the nodes of its hierarchy 0..n-1; added ones follow
+
+  /** Add to `top`'s subtree the nodes a zoom into a frame worth `value` may draw. */
+  function grow(top, value) {
+    cut = cutAt(value);
+    top.each((n) => {
+      if (n.children || !kids(n.data)) return;
+      n.children = n.data.c.map((d) => {
+        const k = d3.hierarchy(d, kids);
+        k.each((x) => {
+          x.depth += n.depth + 1;
+          x.id = nextId++;
+          x.highlight = matches(x.data.n, state.query);
+        });
+        k.parent = n;
+        return k;
+      });
+    });
+    top.eachAfter((n) => {
+      n.height = 0;
+      for (const k of n.children || []) n.height = Math.max(n.height, k.height + 1);
+    });
+    for (let n = top.parent; n; n = n.parent) n.height = Math.max(n.height, top.height + top.depth - n.depth);
+  }
+
+  /** The hierarchy node at a path of names (as far as it goes), grown down to it. */
+  function nodeAt(names) {
+    let node = root;
+    for (const name of names) {
+      if (!node.children) grow(node, node.data.v);
+      const next = (node.children || []).find((k) => k.data.n === name);
+      if (!next) break;
+      node = next;
+    }
+    return node;
+  }
+
+  /** The path of names to the widest frame whose name matches (breadth first, by name). */
+  function widest(term) {
+    let best = null;
+    const todo = [{ d: tree, up: null }];
+    for (let i = 0; i < todo.length; i++) {
+      const at = todo[i];
+      if (at.up && matches(at.d.n, term) && (!best || at.d.v > best.d.v)) best = at;
+      for (const k of sortedKids(at.d) || []) todo.push({ d: k, up: at });
+    }
+    const names = [];
+    for (let at = best; at && at.up; at = at.up) names.push(at.d.n);
+    return best && names.reverse();
+  }
+
+  /** The search's figures: the frames that match, of the whole tree, and the value under
+   * them as the library sums it (of the frames in view: one zoomed out of view adds
+   * nothing, one above the zoomed frame adds the zoomed frame's value). */
+  function showFound() {
+    if (!state.query) { found.textContent = ""; return; }
+    let count = 0, sum = 0;
+    const todo = [[tree, false, true]];  // node, under a match, in view
+    while (todo.length) {
+      const [d, under, shown] = todo.pop();
+      const hit = matches(d.n, state.query);
+      if (hit) {
+        count++;
+        if (!under && shown) sum += d.fade ? zoomed.data.v : d.v;
+      }
+      for (const k of d.c || []) {
+        todo.push([k, under || hit, shown && !k.hide && (!d.fade || !!k.fade || k === zoomed.data)]);
+      }
+    }
+    found.textContent = `${count} frames match: ${dur(sum)} (${pct(sum / total)})`;
+  }
+
+  // no tooltip box (the details line above says it all): each frame's native tooltip
+  // (<title>) is made when it is hovered, not for every frame on every draw
+  const tooltip = Object.assign(() => {}, {
+    show(ev, d) {
+      const g = ev.currentTarget;
+      let title = g.querySelector(":scope > title");
+      if (!title) title = g.insertBefore(document.createElementNS(SVG, "title"), g.lastChild);
+      title.textContent = label(d);
+    },
+    hide() {},
+  });
+
   const chart = flamegraph.default()
     .width(width)
-    .cellHeight(18)
+    .cellHeight(CELL)
     .inverted(true)
-    .sort(true)
-    .minFrameSize(2)  // narrower frames: unreadable, and most of the DOM
+    .getChildren(kids)
+    .sort(false)  // kids gives them by name
+    .minFrameSize(MIN_FRAME)
     .transitionDuration(0)
+    .tooltip(tooltip)
     .setLabelHandler(label)
     .setDetailsElement(details)
-    .setSearchMatch((d, term) => !!term && d.data.n.toLowerCase().includes(term.toLowerCase()))
-    .setSearchHandler((results, sum, all) => {
-      found.textContent = state.query
-        ? `${results.length} frames match: ${dur(sum)} (${pct(all ? sum / all : 0)})` : "";
-    })
-    .onClick((d) => {
+    .setSearchMatch((d, term) => matches(d.data.n, term))
+    .setSearchHandler(showFound)
+    .onClick((d) => {  // after each zoom (the library's, zoomTo, resetZoom)
+      zoomed = d;
+      labels();
       state.zoom = pathOf(d).join(";");
       showSelected(d);
       if (opts.onState) opts.onState({ ...state });
@@ -110,24 +221,31 @@ export async function flameGraph(container, tree, opts = {}) {
       opts.onSelect ? opts.onSelect(name, d) : null);
   }
 
+  /** A frame too narrow for its name (most) has no label box at all, where the library
+   * only hides the name: fewer boxes to style, lay out and paint. After each draw. */
+  function labels() {
+    for (const g of chartEl.querySelectorAll("g.frame")) {
+      g.lastChild.style.display = +g.getAttribute("width") < MIN_LABEL ? "none" : "";
+    }
+  }
+
   d3.select(chartEl).datum(tree).call(chart);
   const root = d3.select(chartEl).datum();  // the hierarchy the chart built
-  // the library grows new frames from width 0 over d3's default 250 ms: draw them at once
-  d3.select(chartEl).selectAll("g.frame").each(function () {
-    d3.select(this).select("rect").interrupt().attr("width", this.getAttribute("width"));
-  });
+  zoomed = root;
+  root.each(() => { nextId++; });
 
   if (state.query) chart.search(state.query);
   if (state.zoom) {
-    let node = root;
-    for (const name of state.zoom.split(";")) {
-      const next = (node.children || []).find((c) => c.data.n === name);
-      if (!next) break;
-      node = next;
-    }
-    if (node !== root) chart.zoomTo(node);
+    const node = nodeAt(state.zoom.split(";"));
+    if (node !== root) { grow(node, node.data.v); chart.zoomTo(node); }
   }
+  labels();
 
+  // a zoom by click: first the frames it will show (before the library's own handler)
+  chartEl.addEventListener("click", (ev) => {
+    const g = ev.target.closest("g.frame");
+    if (g && g.__data__) grow(g.__data__, g.__data__.data.v);
+  }, true);
   let timer = null;
   search.addEventListener("input", () => {
     clearTimeout(timer);
@@ -140,12 +258,11 @@ export async function flameGraph(container, tree, opts = {}) {
   search.addEventListener("keydown", (ev) => {
     if (ev.key !== "Enter") return;
     ev.preventDefault();  // zoom into the widest matching frame
-    let best = null;
-    root.each((n) => {
-      if (n.parent && search.value && n.data.n.toLowerCase().includes(search.value.toLowerCase()) &&
-          (!best || n.data.v > best.data.v)) best = n;
-    });
-    if (best) chart.zoomTo(best);
+    const names = search.value ? widest(search.value) : null;
+    if (!names) return;
+    const node = nodeAt(names);
+    grow(node, node.data.v);
+    chart.zoomTo(node);
   });
   const zoomOut = () => {
     chart.resetZoom();
