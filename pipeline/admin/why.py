@@ -35,7 +35,7 @@ one tenant's, every table filtered by ``tenant = {tenant:String}`` (see queries.
 
 from __future__ import annotations
 
-import itertools
+import asyncio
 import math
 from typing import Any
 
@@ -129,48 +129,55 @@ async def why(db: Queryable, database: str, service: str, operation: str,
     out: dict[str, Any] = {"service": service, "operation": operation, "from": rng[0],
                            "to": rng[1], "method": method, "notes": []}
     cap = MAX_BOUNDARY + 1
+    # one pass over the calls: each group's sums, and the tail's fastest calls (at most
+    # ``cap``: those of the threshold's bucket are the boundary)
+    stats = ("count(), sum(d), varSamp(d), sum(cpu), varSamp(cpu), sum(incl), varSamp(incl), "
+             "varSamp(toInt64(d) - toInt64(incl)), "
+             # the minutes with the most calls (the tail's: where attributes are read)
+             f"topK({ATTRIBUTE_MINUTES})(toUnixTimestamp(m))")
+    keys = ("calls", "duration", "var_duration", "exact_cpu", "var_cpu", "exact_incl",
+            "var_incl", "var_off", "minutes")
     if slowest is not None:
         out["rule"] = f"slowest {slowest * 100:.4g}%"
-        # the k slowest calls' fastest, fastest first: the k-th is the threshold, and the
-        # rows of its bucket that lead are the boundary
-        rows = (await db.query(
-            f"SELECT trace_id, span_id, b, d FROM (SELECT trace_id, span_id, b, d, "
-            "row_number() OVER (ORDER BY d DESC, trace_id, span_id) AS r, "
-            "least(count() OVER (), greatest(1, toUInt64(ceil(count() OVER () * "
-            f"{{frac:Float64}})))) AS k FROM ({calls_sql})) WHERE r <= k "
-            "ORDER BY r DESC LIMIT {cap:UInt64}", {**p, "frac": slowest, "cap": cap}))[1]
-        threshold = int(rows[0][2]) if rows else None
-        threshold_ns = int(rows[0][3]) if rows else None
-        rows = [r for r in itertools.takewhile(lambda r: int(r[2]) == threshold, rows)]
+        # the k slowest calls (k of n: the fraction asked, rounded up, at least one)
+        ranked = (f"SELECT trace_id, span_id, m, d, cpu, incl, b, "
+                  "row_number() OVER (ORDER BY d DESC, trace_id, span_id) <= "
+                  "least(count() OVER (), greatest(1, toUInt64(ceil(count() OVER () * "
+                  f"{{frac:Float64}})))) AS tail FROM ({calls_sql})")
+        rule: dict[str, Any] = {"frac": slowest}
+        threshold = None  # the k-th slowest call's bucket
     else:
         out["rule"] = f"slower than {(slower_than_ns or 0) / 1e6:.6g} ms"
+        ranked = f"SELECT *, d > {{thr:UInt64}} AS tail FROM ({calls_sql})"
+        rule = {"thr": slower_than_ns}
         (threshold, ), = (await db.query(f"SELECT {bucket_sql('{thr:UInt64}')}",
                                          {"thr": slower_than_ns}))[1]
-        threshold, threshold_ns = int(threshold), slower_than_ns
-        rows = (await db.query(
-            f"SELECT trace_id, span_id FROM ({calls_sql}) WHERE b = {{b:Int32}} "
-            "AND d > {thr:UInt64} LIMIT {cap:UInt64}",
-            {**p, "b": threshold, "thr": slower_than_ns, "cap": cap}))[1]
+        threshold = int(threshold)
     groups: dict[bool, dict[str, Any]] = {}
-    if threshold is not None:
+    fastest: list[tuple[Any, ...]] = []
+    for is_tail, *v, low in (await db.query(
+            f"SELECT tail, {stats}, groupArraySortedIf({{cap:UInt64}})((d, b, trace_id, "
+            f"span_id), tail) FROM ({ranked}) GROUP BY tail", {**p, **rule, "cap": cap}))[1]:
+        groups[bool(is_tail)] = dict(zip(keys, v, strict=True))
+        fastest = fastest or list(low)
+    threshold_ns = slower_than_ns
+    if slowest is not None and fastest:
+        threshold_ns, threshold = int(fastest[0][0]), int(fastest[0][1])
+    if threshold is not None and True in groups:
+        boundary = [(t, sp) for _, b, t, sp in fastest if int(b) == threshold]
         p.update(b=threshold, pt=[], ps=[])
-        if len(rows) > MAX_BOUNDARY:  # the whole bucket, rather than a long list of ids
+        if len(boundary) > MAX_BOUNDARY:  # the whole bucket, rather than a long list of ids
             out["notes"].append(f"the tail is cut at a duration bucket's bound: more than "
                                 f"{MAX_BOUNDARY} of its calls share the threshold's bucket")
             threshold_ns = bucket_floor_ns(threshold)
             p["b"] = threshold - 1
+            groups = {}
+            for is_tail, *v in (await db.query(
+                    f"SELECT {TAIL} AS tail, {stats} FROM ({calls_sql}) GROUP BY tail",
+                    p))[1]:
+                groups[bool(is_tail)] = dict(zip(keys, v, strict=True))
         else:
-            p.update(_pairs(rows))
-        for is_tail, *v in (await db.query(
-                f"SELECT {TAIL} AS tail, count(), sum(d), varSamp(d), sum(cpu), "
-                "varSamp(cpu), sum(incl), varSamp(incl), "
-                "varSamp(toInt64(d) - toInt64(incl)), "
-                # the minutes with the most calls (the tail's: where attributes are read)
-                f"topK({ATTRIBUTE_MINUTES})(toUnixTimestamp(m)) "
-                f"FROM ({calls_sql}) GROUP BY tail", p))[1]:
-            groups[bool(is_tail)] = dict(zip(
-                ("calls", "duration", "var_duration", "exact_cpu", "var_cpu", "exact_incl",
-                 "var_incl", "var_off", "minutes"), v, strict=True))
+            p.update(_pairs(boundary))
     out["calls"] = sum(int(g["calls"]) for g in groups.values())
     out["bucket"] = threshold
     out["threshold_ns"] = threshold_ns if threshold is not None else None  # the tail's least
@@ -186,13 +193,21 @@ async def why(db: Queryable, database: str, service: str, operation: str,
     names = ("cpu", "incl", "wall", "samples", "lock", "alloc")
     sums = ("sum(cpu_ns), sum(inclusive_cpu_ns), sum(wall_ns), sum(sample_count), "
             "sum(lock_ns), sum(alloc_bytes)")
-    got_spans = {int(side): dict(zip(names, map(int, v), strict=True)) for side, *v in (
-        await db.query(
-            f"SELECT {SIDE} AS side, {sums} FROM {database}.op_tail_spans "
-            f"WHERE {_where(' AND method IN {methods:Array(String)}')} GROUP BY side "
-            f"UNION ALL SELECT {BOUNDARY_CALLS}, {sums} FROM {database}.span_attribution FINAL "
-            f"WHERE {TENANT} AND {IN_BOUNDARY} AND method IN {{methods:Array(String)}} "
-            "AND span_known = 1", p))[1]}
+    # the groups' sums, the functions, the attributes and the stacks: at once
+    # (the store runs a few reads in parallel: ``ClickHouseExporter.READERS``)
+    spans_q = db.query(
+        f"SELECT {SIDE} AS side, {sums} FROM {database}.op_tail_spans "
+        f"WHERE {_where(' AND method IN {methods:Array(String)}')} GROUP BY side "
+        f"UNION ALL SELECT {BOUNDARY_CALLS}, {sums} FROM {database}.span_attribution FINAL "
+        f"WHERE {TENANT} AND {IN_BOUNDARY} AND method IN {{methods:Array(String)}} "
+        "AND span_known = 1", p)
+    got, fns, out["attributes"], stack_rows = await asyncio.gather(
+        spans_q, _functions(db, database, p),
+        attributes(db, database, sorted(map(int, tail["minutes"])), p, limit),
+        _stacks(db, database, p, int(tail["calls"]), int(typ["calls"])) if stacks
+        else _none())
+    got_spans = {int(side): dict(zip(names, map(int, v), strict=True))
+                 for side, *v in got[1]}
     for name in names:
         t, s_ = _split({k: v.get(name, 0) for k, v in got_spans.items()})
         tail[name], typ[name] = t, s_
@@ -216,7 +231,6 @@ async def why(db: Queryable, database: str, service: str, operation: str,
     burn = out["tail"]["inclusive_cpu"]["per_call_ns"] - \
         out["typical"]["inclusive_cpu"]["per_call_ns"]
     out["extra_ns"], out["extra_cpu_ns"], out["extra_off_cpu_ns"] = extra, burn, extra - burn
-    fns = await _functions(db, database, p)
     has_cpu = any(t[0] or s[0] for t, s in fns.values())
     out["verdict"] = ("not slower" if extra <= 0 else "unknown" if not has_cpu else
                       "burning" if burn >= extra / 2 else "waiting")
@@ -235,11 +249,13 @@ async def why(db: Queryable, database: str, service: str, operation: str,
             and not out["lock_functions"]:
         out["notes"].append("the tail is waiting (off-CPU), and no wall-clock or lock "
                             "profile covers these spans: a CPU profile cannot say on what")
-    out["attributes"] = await attributes(db, database, sorted(map(int, tail["minutes"])),
-                                          p, limit)
     if stacks:
-        out["stacks"] = await _stacks(db, database, p, int(tail["calls"]), int(typ["calls"]))
+        out["stacks"] = stack_rows
     return out
+
+
+async def _none() -> None:
+    return None
 
 
 # per function: (tail, typical), each [cpu, wall, cpu squares, wall squares, rows, lock,

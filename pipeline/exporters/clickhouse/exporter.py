@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, cast
@@ -59,6 +60,8 @@ from pipeline.exporters.clickhouse.writer import Writer
 from pipeline.log import redact
 from pipeline.records import AttributionBatch, Batch, ProfileBatch, SpanBatch
 from pipeline.registry import Context, Factory
+
+READERS = 3  # read queries at once, each on its own connection (``_reader``)
 
 
 class QueueConfig(msgspec.Struct, forbid_unknown_fields=True):
@@ -185,8 +188,17 @@ class ClickHouseExporter:
                                     cluster=cfg.cluster)
         self.metrics: Counter[str] = Counter()
         self.client: ClickHouseClient | None = None
-        # one thread: chdb is one engine per process, and ordering inserts keeps it simple
+        # one thread for the writes (ordering inserts keeps it simple), and ``READERS`` for
+        # the reads, each with its own connection (``_reader``): the admin API's answers
+        # neither queue behind inserts nor behind each other. chdb is one engine per
+        # process but takes any number of connections to it, each serving one call at a time
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=ctx.id)
+        self.read_executor = ThreadPoolExecutor(max_workers=READERS,
+                                                thread_name_prefix=f"{ctx.id}-read")
+        self._local = threading.local()
+        self._readers: list[ClickHouseClient] = []
+        self._readers_lock = threading.Lock()
+        self._reads_closed = False
         self.writer: Writer | None = None
         self.queue: SendingQueue | None = None
         self._stopped = False
@@ -301,15 +313,24 @@ class ClickHouseExporter:
         else:
             await self.writer.submit(tables, n, stacks, token=token)
 
+    def _reader(self) -> ClickHouseClient:
+        """The calling read thread's own connection (made on its first query)."""
+        client: ClickHouseClient | None = getattr(self._local, "client", None)
+        if client is None:
+            client = self._local.client = connect(self.cfg, self.ctx.data_dir)
+            with self._readers_lock:
+                self._readers.append(client)
+        return client
+
     async def query(self, sql: str, parameters: dict[str, Any] | None = None
                     ) -> tuple[list[str], list[tuple[Any, ...]]]:
-        """Run a read query on this exporter's connection (the embedded engine allows one)."""
-        client = self.client
-        if client is None:
-            raise Retryable(f"{self.ctx.id}: not started")
+        """Run a read query on one of the read connections (``READERS`` at once; what was
+        inserted before it was called is seen: inserts are synchronous)."""
+        if self.client is None or self._reads_closed:
+            raise Retryable(f"{self.ctx.id}: not started or stopped")
         loop = asyncio.get_running_loop()
         res = await loop.run_in_executor(
-            self.executor, lambda: client.query(sql, parameters=parameters or {}))
+            self.read_executor, lambda: self._reader().query(sql, parameters=parameters or {}))
         # the driver's rows are tuples; the interface only promises sequences
         return list(res.column_names), cast("list[tuple[Any, ...]]", list(res.result_rows))
 
@@ -347,6 +368,10 @@ class ClickHouseExporter:
                 30.0, float(self.cfg.retry_on_failure.max_elapsed_time)))
         if self.writer is not None:
             await self.writer.close()
+        self._reads_closed = True
+        self.read_executor.shutdown(wait=True)
+        for reader in self._readers:
+            reader.close()
         if self.client is not None:
             await asyncio.get_running_loop().run_in_executor(self.executor, self.client.close)
         self.executor.shutdown(wait=True)
