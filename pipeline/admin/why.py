@@ -124,7 +124,8 @@ async def why(db: Queryable, database: str, service: str, operation: str,
     p: dict[str, Any] = {"tenant": tenant, "service": service, "operation": operation,
                          "lo": rng[0], "hi": rng[1], "methods": list(methods)}
     calls_sql = (f"SELECT trace_id, span_id, any(minute) AS m, max(duration_ns) AS d, "
-                 f"sum(cpu_ns) AS cpu, sum(inclusive_cpu_ns) AS incl, {bucket_sql('d')} AS b "
+                 f"sum(cpu_ns) AS cpu, sum(inclusive_cpu_ns) AS incl, {bucket_sql('d')} AS b, "
+                 "sum(wall_ns) AS wall, sum(lock_ns) AS lck, sum(alloc_bytes) AS alc "
                  f"FROM {database}.op_calls WHERE {_where()} GROUP BY trace_id, span_id")
     out: dict[str, Any] = {"service": service, "operation": operation, "from": rng[0],
                            "to": rng[1], "method": method, "notes": []}
@@ -132,15 +133,17 @@ async def why(db: Queryable, database: str, service: str, operation: str,
     # one pass over the calls: each group's sums, and the tail's fastest calls (at most
     # ``cap``: those of the threshold's bucket are the boundary)
     stats = ("count(), sum(d), varSamp(d), sum(cpu), varSamp(cpu), sum(incl), varSamp(incl), "
-             "varSamp(toInt64(d) - toInt64(incl)), "
+             "varSamp(toInt64(d) - toInt64(incl)), sum(wall), varSamp(wall), sum(lck), "
+             "varSamp(lck), sum(alc), varSamp(alc), "
              # the minutes with the most calls (the tail's: where attributes are read)
              f"topK({ATTRIBUTE_MINUTES})(toUnixTimestamp(m))")
     keys = ("calls", "duration", "var_duration", "exact_cpu", "var_cpu", "exact_incl",
-            "var_incl", "var_off", "minutes")
+            "var_incl", "var_off", "exact_wall", "var_wall", "exact_lock", "var_lock",
+            "exact_alloc", "var_alloc", "minutes")
     if slowest is not None:
         out["rule"] = f"slowest {slowest * 100:.4g}%"
         # the k slowest calls (k of n: the fraction asked, rounded up, at least one)
-        ranked = (f"SELECT trace_id, span_id, m, d, cpu, incl, b, "
+        ranked = (f"SELECT trace_id, span_id, m, d, cpu, incl, b, wall, lck, alc, "
                   "row_number() OVER (ORDER BY d DESC, trace_id, span_id) <= "
                   "least(count() OVER (), greatest(1, toUInt64(ceil(count() OVER () * "
                   f"{{frac:Float64}})))) AS tail FROM ({calls_sql})")
@@ -213,6 +216,13 @@ async def why(db: Queryable, database: str, service: str, operation: str,
         tail[name], typ[name] = t, s_
 
     def group(g: dict[str, Any]) -> dict[str, Any]:
+        def spread(name: str) -> float | None:
+            # op_calls' spread, where its sum is the figure's: rows written before
+            # migration 15 (or other methods' figures) have none there
+            if int(g[f"exact_{name}"]) != int(g.get(name, 0)):
+                return None
+            return float(g[f"var_{name}"]) if g.get(name, 0) else 0.0
+
         n = int(g["calls"])
         incl = g.get("incl", 0)
         return {"calls": n, "samples": g.get("samples", 0),
@@ -220,9 +230,9 @@ async def why(db: Queryable, database: str, service: str, operation: str,
                 "cpu": _figure(g.get("cpu", 0), n, g["var_cpu"]),
                 "inclusive_cpu": _figure(incl, n, g["var_incl"]),
                 "off_cpu": _figure(max(0, int(g["duration"]) - incl), n, g["var_off"]),
-                "wall": _figure(g.get("wall", 0), n, None),
-                "lock": _figure(g.get("lock", 0), n, None),
-                "alloc": _figure(g.get("alloc", 0), n, None, "bytes")}
+                "wall": _figure(g.get("wall", 0), n, spread("wall")),
+                "lock": _figure(g.get("lock", 0), n, spread("lock")),
+                "alloc": _figure(g.get("alloc", 0), n, spread("alloc"), "bytes")}
 
     out["tail"], out["typical"] = group(tail), group(typ)
     share = out["tail"]["calls"] / out["calls"]
@@ -247,8 +257,11 @@ async def why(db: Queryable, database: str, service: str, operation: str,
         out["typical"]["lock"]["per_call_ns"]
     if out["verdict"] == "waiting" and not out["wall_functions"] \
             and not out["lock_functions"]:
-        out["notes"].append("the tail is waiting (off-CPU), and no wall-clock or lock "
-                            "profile covers these spans: a CPU profile cannot say on what")
+        out["notes"].append(
+            "the tail is waiting (off-CPU), and no wall-clock or lock profile covers these "
+            "spans: a CPU profile cannot say on what" + (
+                "" if method == "all" else " (samples placed by thread or time, such as "
+                "unlabelled lock events, count with --method all)"))
     if stacks:
         out["stacks"] = stack_rows
     return out

@@ -64,7 +64,8 @@ AGGREGATES = {
     "op_minute": ["tenant", "service", "operation", "method", "minute", "cpu_ns",
                   "inclusive_cpu_ns", "wall_ns", "sample_count", "calls"],
     "op_calls": ["tenant", "service", "operation", "minute", "trace_id", "span_id", "cpu_ns",
-                 "inclusive_cpu_ns", "duration_ns"],
+                 "inclusive_cpu_ns", "duration_ns",
+                 "wall_ns", "lock_ns", "alloc_bytes"],  # migration 15
     "fn_minute": ["tenant", "service", "operation", "minute", "function", "method",
                   "self_cpu_ns", "self_wall_ns"],
     "op_stacks_minute": ["tenant", "service", "operation", "minute", "stack_id", "method",

@@ -269,6 +269,11 @@ class TestLockAndAlloc:
         got = await ask(store, "reserve stock")
         assert got["verdict"] == "waiting"
         assert got["tail"]["lock"]["per_call_ns"] == 900 * MS
+        # intervals from op_calls' spread (migration 15): every tail call waits 900 ms (4
+        # calls: still too few), every typical call allocates 64 KiB
+        assert got["tail"]["lock"]["ci_ns"] == 0.0 and got["tail"]["lock"]["few"]
+        assert got["typical"]["alloc"]["ci_bytes"] == 0.0
+        assert not got["typical"]["alloc"]["few"] and not got["typical"]["lock"]["few"]
         assert got["typical"]["lock"]["per_call_ns"] == 0
         assert got["extra_lock_ns"] == 900 * MS
         (top,) = got["lock_functions"]
