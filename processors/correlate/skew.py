@@ -8,6 +8,8 @@ takes its estimate off sample times before placing them.
 
 from __future__ import annotations
 
+import heapq
+
 
 class Skew:
     """How far a profiler's clock is off the tracer's, per process, learnt from labelled
@@ -19,23 +21,39 @@ class Skew:
     Where they prove a skew, their midpoint (the least worst-case error) is subtracted
     from sample times before they are placed. Bounds restart every ``WINDOW`` samples (the
     previous estimate stays in use until the new one has ``MIN`` samples), so drift is
-    followed."""
+    followed. Each bound is the ``TRIM``-th tightest, not the tightest: a sample whose
+    label outlived its span (a thread stalled, by a collection say, between the span's end
+    and the profiler's label being cleared) is one sample past its span's end, and must
+    not prove a skew that moves every sample of the process; a real skew moves them all."""
 
     WINDOW = 5000
     MIN = 20
-    __slots__ = ("lo", "hi", "n", "estimate")
+    TRIM = 4
+    __slots__ = ("_lo", "_hi", "n", "estimate")
 
     def __init__(self) -> None:
-        self.lo = -(1 << 62)
-        self.hi = 1 << 62
+        self._lo: list[int] = []  # the TRIM largest t - end (a min-heap)
+        self._hi: list[int] = []  # the TRIM smallest t - start, negated (a min-heap)
         self.n = 0
         self.estimate = 0
 
+    @property
+    def lo(self) -> int:
+        return self._lo[0] if len(self._lo) >= self.TRIM else -(1 << 62)
+
+    @property
+    def hi(self) -> int:
+        return -self._hi[0] if len(self._hi) >= self.TRIM else 1 << 62
+
     def observe(self, t: int, start: int, end: int) -> None:
         if self.n >= self.WINDOW:
-            self.lo, self.hi, self.n = -(1 << 62), 1 << 62, 0
-        self.lo = max(self.lo, t - end)
-        self.hi = min(self.hi, t - start)
+            self._lo, self._hi, self.n = [], [], 0
+        for heap, v in ((self._lo, t - end), (self._hi, start - t)):
+            if len(heap) < self.TRIM:
+                heapq.heappush(heap, v)
+            elif v > heap[0]:
+                heapq.heapreplace(heap, v)
         self.n += 1
         if self.n >= self.MIN:
-            self.estimate = 0 if self.lo <= 0 <= self.hi else (self.lo + self.hi) // 2
+            lo, hi = self.lo, self.hi
+            self.estimate = 0 if lo <= 0 <= hi else (lo + hi) // 2

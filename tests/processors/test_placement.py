@@ -186,6 +186,21 @@ class TestChildSpans:
                     sk.observe(base + (t + 5 + ahead) * MS, base, base + 100 * MS)
             assert (sk.estimate == 0) if ahead == 0 else (sk.estimate == 25 * MS)
 
+    def test_one_stalled_sample_proves_no_skew(self) -> None:
+        """Agreeing clocks; a thread stalled 70 ms after its span ended, its label not yet
+        cleared, records one sample past the end (a collection pause seen with the Java
+        agent): no skew is learnt from it, so no other sample of the process moves. A
+        skew every sample shows is still learnt."""
+        for stalled in (1, 3):
+            sk = Skew()
+            for i in range(40):
+                base = i * 200 * MS
+                for t in range(0, 100, 10):
+                    sk.observe(base + (t + 5) * MS, base, base + 100 * MS)
+                if i < stalled:
+                    sk.observe(base + 170 * MS, base, base + 100 * MS)
+            assert sk.estimate == 0, stalled
+
 
 class TestUnlabelled:
     def test_thread_then_window_then_unattributed(self) -> None:
