@@ -78,18 +78,26 @@ def app_output(stdout: str, iterations: int = ITERATIONS) -> dict[str, list[Any]
 
 
 def settled_spans(sp: SpanprofProcess, service: str, want: set[str],
-                  quiet: float = 2.5, timeout: float = 40.0) -> dict[str, dict[str, Any]]:
+                  quiet: float = 2.5, timeout: float = 40.0, order: str = "cpu",
+                  method: str | None = None) -> dict[str, dict[str, Any]]:
     """The service's spans from the admin API, by span id, once every span in ``want`` is
     there and nothing has changed for ``quiet`` seconds (the last profile is pushed at the
-    program's exit, and late samples add to spans already written)."""
+    program's exit, and late samples add to spans already written): neither CPU, lock
+    wait, bytes allocated nor the sample count. ``order`` is the API's (the first 1000 in
+    that order), ``method`` its placement methods (``all``; the API's default, the exact
+    ones, when None)."""
     last: list[Any] = [None, 0.0]
+    query = f"/api/v1/spans?order={order}&limit=1000&service={service}"
+    if method is not None:
+        query += f"&method={method}"
 
     def poll() -> dict[str, dict[str, Any]] | None:
-        spans = sp.get(f"/api/v1/spans?order=cpu&limit=1000&service={service}")["spans"]
+        spans = sp.get(query)["spans"]
         by_id = {s["span_id"]: s for s in spans}
         if not want <= set(by_id):
             return None
-        snapshot = sorted((s["span_id"], s["cpu_ns"], s["sample_count"]) for s in spans)
+        snapshot = sorted((s["span_id"], s["cpu_ns"], s["lock_ns"], s["alloc_bytes"],
+                           s["sample_count"]) for s in spans)
         now = time.monotonic()
         if snapshot != last[0]:
             last[0], last[1] = snapshot, now
