@@ -8,13 +8,15 @@ path from a request ever reaches the file system), with an ``ETag`` so that a br
 revalidates them (``304``) rather than loading them again, and a Content-Security-Policy
 that lets a page load nothing but this listener's own files and answers.
 
-The files index.html names (boot.js, app.js, the stylesheets) are named there with their
-version (``boot.js?v=<ETag>``, rewritten when the files are read), and a request naming a
-file's current version is answered as never changing (``immutable``): a browser that has
-it runs it without asking again, so a page's first API call no longer waits for
-boot.js's revalidation (it went out 10-15 ms earlier here); a new version is a new URL. The
-others (index.html itself, the modules app.js imports, the vendored libraries) are
-revalidated on each load.
+The files index.html names (boot.js, app.js, the stylesheets, the vendored libraries) are
+named there with their version (``boot.js?v=<ETag>``, rewritten when the files are read),
+and the modules app.js imports through an import map index.html holds (``./lib.js`` ->
+``./lib.js?v=<ETag>``); a request naming a file's current version is answered as never
+changing (``immutable``): a browser that has it runs it without asking again, so a page's
+first API call no longer waits for boot.js's revalidation (it went out 10-15 ms earlier
+here), and the server, busy with the view's answers, is not asked for eight modules again
+on each load; a new version is a new URL. index.html itself is revalidated on each load.
+The import map is an inline script: the policy allows it by its hash alone.
 
 The files hold no data, so they are served without a token when the listener checks
 tokens (``open_paths``); the UI sends the token the user gives it with each API call.
@@ -22,7 +24,9 @@ tokens (``open_paths``); the UI sends the token the user gives it with each API 
 
 from __future__ import annotations
 
+import base64
 import hashlib
+import json
 from collections.abc import Iterable
 from importlib import resources
 from importlib.resources.abc import Traversable
@@ -33,9 +37,10 @@ from aiohttp import web
 PREFIX = "/ui"
 _TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css",
           ".md": "text/markdown", ".svg": "image/svg+xml", ".png": "image/png"}
-# the page may load this listener's files and answers only (no CDN, no inline script);
-# styles: d3 sets element styles and d3-flame-graph adds its stylesheet from script
-_CSP = ("default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
+# the page may load this listener's files and answers only (no CDN, no inline script but
+# index.html's import map, by its hash); styles: d3 sets element styles and d3-flame-graph
+# adds its stylesheet from script
+_CSP = ("default-src 'none'; script-src 'self'{hashes}; style-src 'self' 'unsafe-inline'; "
         "img-src 'self' data:; connect-src 'self'; base-uri 'none'; form-action 'none'; "
         "frame-ancestors 'none'")
 
@@ -45,6 +50,7 @@ class StaticUi:
 
     def __init__(self, root: Traversable | None = None) -> None:
         self.files: dict[str, tuple[bytes, str, str]] = {}  # path -> body, type, etag
+        self.csp = _CSP.format(hashes="")
         todo = [(root or resources.files("pipeline.admin") / "ui", "")]
         while todo:
             node, rel = todo.pop()
@@ -64,10 +70,22 @@ class StaticUi:
         """index.html with each of the UI's files it names as ``name?v=<its ETag>``."""
         body, ctype, _ = self.files["index.html"]
         text = body.decode()
+        modules = {}
         for name, (_, _, etag) in self.files.items():
             version = etag.strip('"')
+            named = False
             for attr in ("src", "href"):
+                named |= f'{attr}="{name}"' in text
                 text = text.replace(f'{attr}="{name}"', f'{attr}="{name}?v={version}"')
+            if name.endswith(".js") and not named and not name.startswith("vendor/"):
+                modules[f"./{name}"] = f"./{name}?v={version}"
+        # before the first module script: a map must be known before any module loads
+        imap = json.dumps({"imports": dict(sorted(modules.items()))}, indent=1)
+        at = text.find('<script type="module"')
+        if modules and at >= 0:
+            text = f'{text[:at]}<script type="importmap">{imap}</script>\n{text[at:]}'
+            digest = base64.b64encode(hashlib.sha256(imap.encode()).digest()).decode()
+            self.csp = _CSP.format(hashes=f" 'sha256-{digest}'")
         body = text.encode()
         self.files["index.html"] = (body, ctype,
                                     '"' + hashlib.sha256(body).hexdigest()[:20] + '"')
@@ -93,7 +111,7 @@ class StaticUi:
         fresh = request.query.get("v") == etag.strip('"')
         headers = {"ETag": etag,
                    "Cache-Control": "max-age=31536000, immutable" if fresh else "no-cache",
-                   "X-Content-Type-Options": "nosniff", "Content-Security-Policy": _CSP,
+                   "X-Content-Type-Options": "nosniff", "Content-Security-Policy": self.csp,
                    "Referrer-Policy": "no-referrer"}
         if request.headers.get("If-None-Match") == etag:
             return web.Response(status=304, headers=headers)

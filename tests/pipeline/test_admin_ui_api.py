@@ -8,7 +8,10 @@ served (without a token, with a Content-Security-Policy and an ETag)."""
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
 import inspect
+import json
 import time
 import urllib.error
 import urllib.request
@@ -515,6 +518,17 @@ class TestHttp:
             assert fresh["Cache-Control"] == "max-age=31536000, immutable" and same == body
             _, stale, _ = await asyncio.to_thread(fetch, port, f"/ui/{name}?v=0{version}")
             assert stale["Cache-Control"] == "no-cache"
+        # the modules app.js imports: by version through index.html's import map, which
+        # the policy allows by its hash (and no other inline script)
+        imap = index.split(b'<script type="importmap">')[1].split(b"</script>")[0]
+        modules = json.loads(imap)["imports"]
+        assert set(modules) >= {"./lib.js", "./flame.js", "./views/span.js"}
+        for key, url in modules.items():
+            _, headers, _ = await asyncio.to_thread(fetch, port, f"/ui/{key[2:]}")
+            assert url == f"{key}?v={headers['ETag'].strip(chr(34))}"
+        digest = base64.b64encode(hashlib.sha256(imap).digest()).decode()
+        _, headers, _ = await asyncio.to_thread(fetch, port, "/ui/")
+        assert f"script-src 'self' 'sha256-{digest}';" in headers["Content-Security-Policy"]
 
     async def test_ui_files_need_no_token_the_api_does(
             self, store: ClickHouseExporter) -> None:
