@@ -293,7 +293,7 @@ async def _flame(db: Queryable, database: str, stacks: str, params: dict[str, An
     out: dict[str, Any] = {
         "total": int(total or 0), "stack_count": int(n), "cpu_ns": int(cpu or 0),
         "wall_ns": int(wall or 0),
-        "nodes": [(int(h), int(up), name, int(v)) for h, up, name, v, _, _ in rows],
+        "nodes": [r[:4] for r in rows],  # hash, parent's, frame, value (ints from the driver)
         "nodes_left_out": int(rows[0][4]) - len(rows) if rows else 0}
     if base is not None:
         bp = {**(base_params or {}), "hs": [r[0] for r in out["nodes"]]}

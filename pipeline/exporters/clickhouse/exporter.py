@@ -328,11 +328,14 @@ class ClickHouseExporter:
         inserted before it was called is seen: inserts are synchronous)."""
         if self.client is None or self._reads_closed:
             raise Retryable(f"{self.ctx.id}: not started or stopped")
-        loop = asyncio.get_running_loop()
-        res = await loop.run_in_executor(
-            self.read_executor, lambda: self._reader().query(sql, parameters=parameters or {}))
-        # the driver's rows are tuples; the interface only promises sequences
-        return list(res.column_names), cast("list[tuple[Any, ...]]", list(res.result_rows))
+        def read() -> tuple[list[str], list[tuple[Any, ...]]]:
+            res = self._reader().query(sql, parameters=parameters or {})
+            # the rows decoded here, in the read thread, not on the event loop (10 000 rows
+            # of a flame graph: 3-4 ms of the loop's time otherwise); the driver's rows are
+            # tuples, the interface only promises sequences
+            return list(res.column_names), cast("list[tuple[Any, ...]]", list(res.result_rows))
+
+        return await asyncio.get_running_loop().run_in_executor(self.read_executor, read)
 
     @property
     def database(self) -> str:
