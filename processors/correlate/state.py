@@ -21,7 +21,7 @@ upload every 10-60 s). The state keeps, per (trace_id, span_id):
                  to place by stack the samples their instant cannot (``frames``).
 
 How a sample finds its span, and the ``method`` its row says (``link``, ``link+time``,
-``thread``, ``window``), is in ``placement``.
+``thread``, ``window``), is in ``placement`` (and ``timed``: timed samples).
 
 Every report is a *delta* row and a span's totals are the sum of its rows, so a late sample
 adds to the span rather than replacing or vanishing, and CPU is conserved: what comes in is
@@ -59,10 +59,10 @@ from pipeline.records import (
 from processors.correlate.accumulators import LINK, UNKNOWN_FRAME, Acc, Key, add
 from processors.correlate.frames import Frames
 from processors.correlate.messages import random_source
-from processors.correlate.placement import Placement
 from processors.correlate.sizes import ACC_BYTES, ITEM_BYTES, SAMPLE_BYTES, span_cost
 from processors.correlate.skew import Skew
 from processors.correlate.spans import MAX_SLOTS, SLOT_NS, Orphan, Pending, SpanInfo, Tree
+from processors.correlate.timed import TimedPlacement
 
 
 @dataclass
@@ -89,7 +89,7 @@ def _int_attr(attrs: dict[str, str], key: str) -> int:
 
 
 @dataclass
-class CorrelatorState(Placement):
+class CorrelatorState(TimedPlacement):
     grace: float = 10.0
     orphan_timeout: float = 60.0
     late_window: float = 600.0
