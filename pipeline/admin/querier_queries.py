@@ -134,7 +134,7 @@ async def with_descendants(db: Queryable, database: str, span_ids: list[str], *,
     return sorted(wanted)
 
 
-# the merged paths of the samples' stacks, as in ui_queries._flame_sql, with each path's
+# the merged paths of the samples' stacks, as in flame_queries._flame_sql, with each path's
 # self value (the stacks that end there): a path is a node, its hash chaining its parent's
 # with its frame; the {max_nodes} largest are kept (by value, then depth: ancestors are
 # never smaller, so the kept nodes form a tree)

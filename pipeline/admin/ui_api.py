@@ -10,7 +10,7 @@ from typing import Any
 
 from aiohttp import web
 
-from pipeline.admin import params, ui_queries, webui
+from pipeline.admin import flame_queries, params, ui_queries, webui
 
 Answer = Callable[[web.Request, Any], Awaitable[web.Response]]
 
@@ -73,21 +73,21 @@ class UiApi:
     async def flamegraph(self, request: web.Request) -> web.Response:
         async def work(q: Any, now: float) -> Any:
             method, tenant = params.method(q), params.tenant_of(request)
-            max_nodes = params.integer(q, "max_nodes", 1, ui_queries.MAX_FLAME_NODES, 10_000)
+            max_nodes = params.integer(q, "max_nodes", 1, flame_queries.MAX_FLAME_NODES, 10_000)
             fmt = params.choice(q, "format", ("tree", "nodes"), "tree")
             tid, sid = params.param(q, "trace_id"), params.param(q, "span_id")
             if tid or sid:
                 tid, sid = params.hex_id(tid, "trace_id", 32), params.hex_id(sid, "span_id", 16)
                 children = params.choice(q, "children", ("1", "0", "true", "false"), "1")
                 measure = params.choice(q, "measure", ("cpu", "wall"), "cpu")
-                got = await ui_queries.span_flame(
+                got = await flame_queries.span_flame(
                     self.db(), self.database(), tid, sid, children=children in ("1", "true"),
                     measure=measure, method=method, max_nodes=max_nodes, tenant=tenant)
                 return _flame_answer(got, fmt)
             service, operation = str(params.text(q, "service", True)), params.text(q, "operation")
             rng = params.time_range(q, "range", now, "1h")
             base = params.time_range(q, "base", now) if params.param(q, "base") else None
-            return _flame_answer(await ui_queries.operation_flame(
+            return _flame_answer(await flame_queries.operation_flame(
                 self.db(), self.database(), service, operation, rng, base=base,
                 method=method, max_nodes=max_nodes, tenant=tenant), fmt)
         return await self.answer(request, work)

@@ -22,7 +22,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from pipeline.admin import queries, ui_queries
+from pipeline.admin import flame_queries, queries, ui_queries
 from pipeline.admin.server import AdminServer
 from pipeline.admin.webui import StaticUi, flame_nodes, flame_tree
 from pipeline.auth import AuthConfig, TokenAuth
@@ -200,7 +200,7 @@ class TestQueries:
         and its wall graph the child's lock_wait; alone, only its own frames. Nodes are
         paths (hash, parent hash, frame, value), merged from the stacks."""
         tid, sid = hexid(SLOW)
-        both = await ui_queries.span_flame(store, "spanprof", tid, sid, method="all",
+        both = await flame_queries.span_flame(store, "spanprof", tid, sid, method="all",
                                         tenant="a")
         assert (both["spans"], both["cpu_ns"], both["wall_ns"], both["total"],
                 both["stack_count"]) == (2, 550 * MS, 800 * MS, 550 * MS, 3)
@@ -208,14 +208,14 @@ class TestQueries:
         assert tree == {"n": "all", "v": 550 * MS, "c": [{"n": "main", "v": 550 * MS, "c": [
             {"n": "handle", "v": 520 * MS, "c": [{"n": "slow_path", "v": 500 * MS}]},
             {"n": "query_fn", "v": 30 * MS, "c": [{"n": "db_exec", "v": 30 * MS}]}]}]}
-        wall = await ui_queries.span_flame(store, "spanprof", tid, sid, measure="wall",
+        wall = await flame_queries.span_flame(store, "spanprof", tid, sid, measure="wall",
                                         method="all", tenant="a")
         assert [n[2] for n in wall["nodes"]] == ["main", "query_fn", "lock_wait"]
-        alone = await ui_queries.span_flame(store, "spanprof", tid, sid, children=False,
+        alone = await flame_queries.span_flame(store, "spanprof", tid, sid, children=False,
                                          tenant="a")
         assert (alone["spans"], alone["total"], alone["wall_ns"]) == (1, 520 * MS, 0)
         assert {n[2] for n in alone["nodes"]} == {"main", "handle", "slow_path"}
-        few = await ui_queries.span_flame(store, "spanprof", tid, sid, max_nodes=3,
+        few = await flame_queries.span_flame(store, "spanprof", tid, sid, max_nodes=3,
                                        method="all", tenant="a")
         assert [n[2] for n in few["nodes"]] == ["main", "handle", "slow_path"]
         assert few["nodes_left_out"] == 2  # query_fn, db_exec: the smallest
@@ -223,10 +223,10 @@ class TestQueries:
     async def test_operation_flame_graph_and_base(self, store: ClickHouseExporter) -> None:
         """An operation's nodes over a range; against a base range, each kept node's
         value there and both ranges' calls."""
-        got = await ui_queries.operation_flame(store, "spanprof", "shop", "checkout", RANGE,
+        got = await flame_queries.operation_flame(store, "spanprof", "shop", "checkout", RANGE,
                                             tenant="a")
         assert got["total"] == (CALLS * 20 + 500) * MS and "base_values" not in got
-        same = await ui_queries.operation_flame(store, "spanprof", "shop", "checkout", RANGE,
+        same = await flame_queries.operation_flame(store, "spanprof", "shop", "checkout", RANGE,
                                              base=RANGE, tenant="a")
         assert same["base_values"] == {h: v for h, _, _, v in same["nodes"]}
         assert (same["calls"], same["base_calls"], same["base_total"]) == \
@@ -266,7 +266,7 @@ class TestQueries:
         orders or places."""
         _, rows = await store.query(
             f"SELECT uniqExact(h), uniqExact(p), countIf(h = 0) FROM (SELECT f, "
-            f"{ui_queries.PATH_HASHES} AS hs FROM (SELECT arrayMap(i -> concat('fn', "
+            f"{flame_queries.PATH_HASHES} AS hs FROM (SELECT arrayMap(i -> concat('fn', "
             "toString(cityHash64(number, i) % 6)), range(1 + number % 40)) AS f "
             "FROM numbers(50000))) ARRAY JOIN hs AS h, arrayEnumerate(f) AS depth "
             "ARRAY JOIN [arraySlice(f, 1, depth)] AS p")
@@ -280,7 +280,7 @@ class TestQueries:
         assert b["span_count"] == 1
         assert (await ui_queries.function_spans(store, "spanprof", "b_slow_path", RANGE,
                                              tenant="a"))["spans"] == []
-        prof = await ui_queries.span_flame(store, "spanprof", tid, sid, tenant="b")
+        prof = await flame_queries.span_flame(store, "spanprof", tid, sid, tenant="b")
         assert prof["nodes"] and all(n[2].startswith("b_") for n in prof["nodes"])
         for tenant in ("c", "x' OR 1=1 --"):
             assert (await ui_queries.operations(store, "spanprof", RANGE,
@@ -289,16 +289,17 @@ class TestQueries:
             assert (got["matched"], got["calls"]) == (0, [])
             assert (await ui_queries.duration_histogram(store, "spanprof", "shop", None, RANGE,
                                                      tenant=tenant))["calls"] == 0
-            assert (await ui_queries.span_flame(store, "spanprof", tid, sid,
-                                             tenant=tenant))["nodes"] == []
-            assert (await ui_queries.operation_calls(store, "spanprof", "shop", None, RANGE,
-                                                  tenant=tenant)) == 0
+            assert (await flame_queries.span_flame(store, "spanprof", tid, sid,
+                                                   tenant=tenant))["nodes"] == []
+            assert (await flame_queries.operation_calls(store, "spanprof", "shop", None,
+                                                        RANGE, tenant=tenant)) == 0
 
     def test_every_function_needs_a_tenant(self) -> None:
         """``tenant`` is a required keyword of each new query function: every public
-        function of ui_queries (so that one added later is checked too)."""
-        funcs = [f for n, f in vars(ui_queries).items() if inspect.iscoroutinefunction(f)
-                 and not n.startswith("_") and f.__module__ == ui_queries.__name__]
+        function of ui_queries and flame_queries (so that one added later is checked too)."""
+        funcs = [f for m in (ui_queries, flame_queries) for n, f in vars(m).items()
+                 if inspect.iscoroutinefunction(f) and not n.startswith("_")
+                 and f.__module__ == m.__name__]
         assert len(funcs) >= 8
         for f in funcs:
             name = f.__name__
