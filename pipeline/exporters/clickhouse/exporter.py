@@ -371,10 +371,15 @@ class ClickHouseExporter:
                 30.0, float(self.cfg.retry_on_failure.max_elapsed_time)))
         if self.writer is not None:
             await self.writer.close()
+        # reads queued are cancelled, running ones finished, off the event loop (the admin
+        # listener still answers meanwhile); a connection failing to close stops no other
         self._reads_closed = True
-        self.read_executor.shutdown(wait=True)
+        await asyncio.to_thread(self.read_executor.shutdown, wait=True, cancel_futures=True)
         for reader in self._readers:
-            reader.close()
+            try:
+                reader.close()
+            except Exception as err:  # noqa: BLE001 - closing: logged, the rest still closed
+                self.log.warning("clickhouse_reader_close_failed", error=redact(str(err))[:200])
         if self.client is not None:
             await asyncio.get_running_loop().run_in_executor(self.executor, self.client.close)
         self.executor.shutdown(wait=True)
