@@ -23,6 +23,26 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 Path = tuple[int, int, int]
 
 
+class MessageKeys:
+    """The key of each trace's message: its id in hex, or with ``bucket_of`` (trace hex ->
+    partition) the first such key of its partition, so that one message goes to each
+    partition per request. ``known`` holds those already made (look there first)."""
+
+    __slots__ = ("known", "_first", "_bucket_of")
+
+    def __init__(self, bucket_of: Callable[[str], object] | None) -> None:
+        self.known: dict[bytes, str] = {}
+        self._first: dict[object, str] = {}
+        self._bucket_of = bucket_of
+
+    def new(self, trace_id: bytes) -> str:
+        key = trace_id.hex()
+        if self._bucket_of is not None:
+            key = self._first.setdefault(self._bucket_of(key), key)
+        self.known[trace_id] = key
+        return key
+
+
 def split_traces(req: ExportTraceServiceRequest, rejected: Iterable[Path] = (),
                  bucket_of: Callable[[str], object] | None = None
                  ) -> dict[str, ExportTraceServiceRequest]:
@@ -31,8 +51,7 @@ def split_traces(req: ExportTraceServiceRequest, rejected: Iterable[Path] = (),
     one message per partition per request, co-partitioned with the trace's samples."""
     skip = set(rejected)
     out: dict[str, ExportTraceServiceRequest] = {}
-    key_of: dict[bytes, str] = {}  # trace id -> the key of its message
-    first_key: dict[object, str] = {}
+    keys = MessageKeys(bucket_of)
     # (trace, resource index, scope index) -> the ScopeSpans being filled
     scopes: dict[tuple[str, int, int], Any] = {}
     resources: dict[tuple[str, int], Any] = {}
@@ -42,12 +61,9 @@ def split_traces(req: ExportTraceServiceRequest, rejected: Iterable[Path] = (),
                 if (ri, si, pi) in skip:
                     continue
                 tid = span.trace_id
-                key = key_of.get(tid)
+                key = keys.known.get(tid)
                 if key is None:
-                    key = tid.hex()
-                    if bucket_of is not None:
-                        key = first_key.setdefault(bucket_of(key), key)
-                    key_of[tid] = key
+                    key = keys.new(tid)
                 dst_ss = scopes.get((key, ri, si))
                 if dst_ss is None:
                     dst_rs = resources.get((key, ri))

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
+from pipeline.otlp.split import MessageKeys
+
 Path = tuple[int, int, int]
 _LEN = 2  # wire type of length-delimited fields
 
@@ -96,8 +98,8 @@ def split_trace_bytes(data: bytes, rejected: Iterable[Path] = (),
     trace's spans together), so a run of spans is one slice; trace ids are
     turned into a key (hex, partition) and a group once per trace change."""
     skip = set(rejected)
-    key_of: dict[bytes, str] = {}
-    first_key: dict[object, str] = {}
+    keys = MessageKeys(bucket_of)
+    key_of = keys.known
     # (key, resource index, scope index) -> [start, end, start, end, ...]: its runs of
     # spans (whole fields), in order
     groups: dict[tuple[str, int, int], list[int]] = {}
@@ -147,10 +149,7 @@ def split_trace_bytes(data: bytes, rejected: Iterable[Path] = (),
                 if tid != last_tid:
                     key = key_of.get(tid)
                     if key is None:
-                        key = tid.hex()
-                        if bucket_of is not None:
-                            key = first_key.setdefault(bucket_of(key), key)
-                        key_of[tid] = key
+                        key = keys.new(tid)
                     got = groups.get((key, ri, si))
                     last = groups[(key, ri, si)] = [] if got is None else got
                     last_tid = tid
