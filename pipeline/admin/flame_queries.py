@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from pipeline.admin.queries import TENANT, Queryable, _op_where, methods_of
+from pipeline.admin.queries import TENANT, Queryable, _op_where, methods_of, subtree
 
 MAX_FLAME_NODES = 100_000
 # each prefix of the frames ``f`` (root first) as a 64-bit hash: see _flame_sql
@@ -99,21 +99,8 @@ async def span_flame(db: Queryable, database: str, trace_id: str, span_id: str, 
     descendants in the same service (``children``, as ``span_stacks``); with the span's
     CPU and wall totals (whichever is drawn)."""
     methods = methods_of(method)
-    wanted = {span_id}
-    if children:
-        _, rows = await db.query(
-            f"SELECT SpanId, ParentSpanId, ServiceName FROM {database}.otel_traces "
-            f"WHERE {TENANT} AND TraceId = {{tid:String}}", {"tid": trace_id, "tenant": tenant})
-        kids: dict[str, list[str]] = {}
-        service = {s: svc for s, _, svc in rows}
-        for s_, p_, _ in rows:
-            kids.setdefault(p_, []).append(s_)
-        todo = [span_id]
-        while todo:
-            for c in kids.get(todo.pop(), []):
-                if c not in wanted and service.get(c) == service.get(span_id):
-                    wanted.add(c)
-                    todo.append(c)
+    wanted = await subtree(db, database, trace_id, span_id, tenant=tenant) if children \
+        else {span_id}
     params = {"tid": trace_id, "sids": sorted(wanted), "methods": list(methods),
               "tenant": tenant}
     where = (f"{TENANT} AND trace_id IN ({{tid:String}}, '') AND span_id IN "

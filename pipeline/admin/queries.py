@@ -352,11 +352,9 @@ async def _frames(db: Queryable, database: str, by_stack: dict[int, int], tenant
             for sid, v in sorted(by_stack.items()) if v > 0]
 
 
-async def span_stacks(db: Queryable, database: str, trace_id: str, span_id: str,
-                      method: str = "exact", *, tenant: str) -> dict[str, Any]:
-    """A span's stacks, root frame first, with its descendants in the same service (the
-    span's inclusive flame graph); ``tenant``'s span."""
-    methods = methods_of(method)
+async def subtree(db: Queryable, database: str, trace_id: str, span_id: str, *,
+                  tenant: str) -> set[str]:
+    """The span's id and its descendants' in its own service (``tenant``'s trace)."""
     _, rows = await db.query(
         f"SELECT SpanId, ParentSpanId, ServiceName FROM {database}.otel_traces "
         f"WHERE {TENANT} AND TraceId = {{tid:String}}", {"tid": trace_id, "tenant": tenant})
@@ -365,11 +363,20 @@ async def span_stacks(db: Queryable, database: str, trace_id: str, span_id: str,
     for s_, p_, _ in rows:
         children.setdefault(p_, []).append(s_)
     wanted, todo = {span_id}, [span_id]
-    while todo:  # the span's descendants in its own service
+    while todo:
         for c in children.get(todo.pop(), []):
             if c not in wanted and service.get(c) == service.get(span_id):
                 wanted.add(c)
                 todo.append(c)
+    return wanted
+
+
+async def span_stacks(db: Queryable, database: str, trace_id: str, span_id: str,
+                      method: str = "exact", *, tenant: str) -> dict[str, Any]:
+    """A span's stacks, root frame first, with its descendants in the same service (the
+    span's inclusive flame graph); ``tenant``'s span."""
+    methods = methods_of(method)
+    wanted = await subtree(db, database, trace_id, span_id, tenant=tenant)
     _, rows = await db.query(
         f"SELECT stack_id, sum(cpu_ns) FROM {database}.span_stacks FINAL "
         f"WHERE {TENANT} AND trace_id IN ({{tid:String}}, '') "
