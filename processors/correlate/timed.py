@@ -128,10 +128,7 @@ class TimedPlacement(Placement):
             t = smp.time_ns - self._skew_of(smp)
             cid = targets[0][1]
             targets = [(dkey[0], deepest(tree, cid, tree.spans[cid], t, smp.thread_id)[0])]
-        n = len(targets)
-        for i, ckey in enumerate(targets):
-            share = smp.value // n + (1 if i < smp.value % n else 0)
-            ticks = smp.count // n + (1 if i < smp.count % n else 0)
+        for ckey, (share, ticks) in zip(targets, equal_parts(smp, len(targets)), strict=True):
             if not (share or ticks):
                 continue
             acc = self._acc_of(ckey, now)
@@ -197,13 +194,17 @@ class TimedPlacement(Placement):
             if best is not None:
                 keys = [k for k, op in zip(keys, names, strict=True) if op == best]
                 self.stats.samples_by_stack += 1
-        n = len(keys)
         self.stats.samples_by_window += 1
-        for i, key in enumerate(keys):
-            share = smp.value // n + (1 if i < smp.value % n else 0)
-            ticks = smp.count // n + (1 if i < smp.count % n else 0)
+        for key, (share, ticks) in zip(keys, equal_parts(smp, len(keys)), strict=True):
             if share or ticks:
                 self._credit(key, WINDOW, smp, share, ticks, leaf, now)
+
+
+def equal_parts(smp: Sample, n: int) -> list[tuple[int, int]]:
+    """A sample's value and count in ``n`` parts as equal as whole numbers allow (the
+    remainders to the first parts): they add up to the sample's exactly."""
+    return [(smp.value // n + (1 if i < smp.value % n else 0),
+             smp.count // n + (1 if i < smp.count % n else 0)) for i in range(n)]
 
 
 def deepest(tree: Tree, span_id: bytes, info: SpanInfo, t: int, thread: int
