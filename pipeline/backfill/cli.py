@@ -233,7 +233,7 @@ def _kafka_source(args: argparse.Namespace, cfg: Any) -> job.Source:
     """The topics' range, read with the config's ``kafka`` receiver's (else exporter's)
     brokers and security."""
     from pipeline.admin.queries import parse_range
-    from pipeline.backfill.kafka_range import parse_offsets
+    from pipeline.backfill.kafka_blocks import parse_offsets
     from pipeline.backfill.sources import KafkaSource
 
     client = next((c for section in (cfg.receivers, cfg.exporters)

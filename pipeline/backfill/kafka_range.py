@@ -3,8 +3,8 @@
 What spanprof's gateway wrote (``pipeline/exporters/kafka.py``: an OTLP request per
 message, the ``tenant`` header naming whose) is read back over an offset range per
 partition, or over the offsets a time range resolves to, and handed on as the batches the
-``kafka`` receiver would have made of it (``pipeline/receivers/kafka_batches.py``: the same
-decoding, tenant rule and per-message names)::
+``kafka`` receiver would have made of it, cut into the blocks ``kafka_blocks.py``
+describes::
 
     async with KafkaRange(cfg, "otlp_spans") as src:    # cfg: a kafka receiver's or exporter's
         ranges = await src.plan(since=lo_ns, until=hi_ns)   # or offsets=parse_offsets("0:0-500")
@@ -17,174 +17,51 @@ it joins no group, commits nothing and reads no committed offset, so the live co
 group (its members, its offsets, its block plans) cannot notice it. Where to read is given,
 never stored: a job that must resume records its ranges itself (the ledger).
 
-**Ranges** are half-open, ``[start, end)``, as Kafka's end offsets are: ``0:100-200`` reads
-offsets 100 to 199, and ``0:0-100,...`` then ``0:100-200,...`` read a partition once. A
-time range ``[since, until)`` selects offsets, not messages: from the first offset stamped
-``since`` or later to the first stamped ``until`` or later (``offsets_for_times``; no such
-message: the end offset). Stamps are the producer's clock (``CreateTime``) in ms, near
-monotone per partition for one gateway, not exactly: a message stamped inside the range but
-written after a later-stamped one can fall outside it, and the reverse. An open end
-(``until=None``) is the end offset when ``plan`` runs. Either way the plan is fixed offsets:
-reading stops at them however much the topic receives meanwhile, and reading the plan again
-reads the same messages. Offsets the log no longer holds (retention), offsets not written
-yet, and partitions the topic does not have are a ``ConfigError`` naming each, not a
-shorter read.
-
-**Blocks.** Each partition's messages are cut into blocks, one ``RangeBlock`` each, so
-that the same offsets come out as the same blocks however the reads were chunked: a block
-never spans a multiple of ``Limits.block_offsets`` and, within those segments, closes
-before a message that would take it over ``block_items`` spans or samples (the receiver's
-``block_items``) or ``block_bytes``. The cut depends only on the messages from the block's
-segment start (or the range's start, if later), so ranges split at multiples of
-``block_offsets`` (``split``) give the blocks of reading the whole. A block's ``origin``,
-``backfill/kafka/TOPIC/PARTITION/FIRST-LAST/CRC32`` (its first and last offset, a CRC of
-its messages' bytes so that a topic recreated with the same offsets does not collide), is
-the ClickHouse insert deduplication token; each of its batches (one per tenant) carries it
-as ``batch.origin``, with ``/TENANT`` appended for tenants other than the default one, as
-the receiver names its blocks. The ``backfill/`` prefix keeps them apart from the live
-receiver's tokens (``pipeline.kafka.blocks``: the same form without it), so that a
-backfill's insert is never dropped as a duplicate of a live block that happens to cover
-the same offsets. ``batch.parts`` name each message ``TOPIC/PARTITION/OFFSET`` as live,
-so rows derived per message get the same ``source`` as the live ones.
+**Plans.** A time range ``[since, until)`` selects offsets, not messages: from the first
+offset stamped ``since`` or later to the first stamped ``until`` or later
+(``offsets_for_times``; no such message: the end offset). Stamps are the producer's clock
+(``CreateTime``) in ms, near monotone per partition for one gateway, not exactly: a message
+stamped inside the range but written after a later-stamped one can fall outside it, and the
+reverse. An open end (``until=None``) is the end offset when ``plan`` runs. Either way the
+plan is fixed offsets (half-open ranges, ``kafka_blocks.PartitionRange``): reading stops at
+them however much the topic receives meanwhile, and reading the plan again reads the same
+messages. Offsets the log no longer holds (retention), offsets not written yet, and
+partitions the topic does not have are a ``ConfigError`` naming each, not a shorter read.
 
 **Bounds.** At most one block per partition is held (plus aiokafka's one fetch per
-partition, ``max_partition_fetch_bytes``); a message over ``max_message_bytes`` is counted
-as malformed and not decoded; a message that is not OTLP, has no value (a tombstone), or
-names no valid tenant is counted as malformed and skipped (``RangeBlock.malformed``), never
-fatal; items the decoder refuses are counted (``rejected``). Decoding runs on the event
-loop per fetch of at most ``max_poll_records`` messages, as in the receiver.
+partition, ``max_partition_fetch_bytes``); what is malformed or refused is counted per
+block, never fatal (``kafka_blocks.py``). Decoding runs on the event loop per fetch of at
+most ``max_poll_records`` messages, as in the receiver.
 """
 
 from __future__ import annotations
 
 import time
-from collections import Counter
 from collections.abc import AsyncIterator, Iterable, Mapping
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, NamedTuple
+from typing import Any
 
 import structlog
 from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import OffsetOutOfRangeError
 from aiokafka.structs import TopicPartition
 
+from pipeline.backfill.kafka_blocks import (
+    DEFAULT_LIMITS,
+    Limits,
+    PartitionBlocks,
+    PartitionRange,
+    RangeBlock,
+)
 from pipeline.backfill.sniff import Signal
 from pipeline.errors import ConfigError, Retryable
 from pipeline.kafka import ClientConfig
-from pipeline.kafka.blocks import Block, Entry
-from pipeline.receivers.kafka_batches import Batch, merge_block, to_entry
 
-ORIGIN_PREFIX = "backfill/kafka/"
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _US = datetime.resolution  # one microsecond
 
 # an instant: ns since the epoch, or a datetime (naive: local time, as datetime.timestamp)
 Instant = int | datetime
-
-
-class Limits(NamedTuple):
-    # a block never spans a multiple of this offset: ranges split there read the same blocks
-    block_offsets: int = 10_000
-    block_items: int = 20_000  # spans or samples per block (the receiver's block_items)
-    block_bytes: int = 32 << 20  # message bytes per block
-    max_message_bytes: int = 64 << 20  # one message (as files.Limits); over: malformed
-    max_poll_records: int = 500  # messages decoded per turn of the event loop
-    stall: float = 60.0  # seconds of fetches bringing nothing before giving up (Retryable)
-
-
-DEFAULT_LIMITS = Limits()
-
-
-@dataclass(frozen=True, slots=True)
-class PartitionRange:
-    """Offsets ``[start, end)`` of one partition."""
-
-    topic: str
-    partition: int
-    start: int
-    end: int
-
-    @property
-    def messages(self) -> int:
-        """Messages in the range: exactly, unless offsets are missing (a compacted topic,
-        transaction markers: spanprof's gateway writes neither), then at most."""
-        return max(0, self.end - self.start)
-
-    def __str__(self) -> str:
-        return f"{self.topic}/{self.partition}:{self.start}-{self.end}"
-
-
-@dataclass(slots=True)
-class RangeBlock:
-    """One block of a partition: its batches (one per tenant, each ``origin`` its insert
-    deduplication token) and what it cost."""
-
-    topic: str
-    partition: int
-    first: int  # offsets of its first and last message
-    last: int
-    origin: str  # the block's token (its default-tenant batch's origin)
-    batches: list[Batch]
-    messages: int  # read, malformed ones included
-    malformed: int  # skipped: not OTLP, no value, over max_message_bytes, bad tenant header
-    rejected: int  # items the decoder refused (times or values out of bounds)
-    bytes: int  # message values, malformed ones included
-
-    @property
-    def items(self) -> int:
-        return sum(len(b) for b in self.batches)
-
-
-def parse_offsets(spec: str) -> dict[int, tuple[int, int]]:
-    """``"P:FROM-TO,..."`` -> {partition: (FROM, TO)}, half-open ``[FROM, TO)`` (``TO`` is
-    one past the last offset read, as Kafka's end offsets; ``FROM == TO`` is empty).
-    ``ValueError`` naming the part that is wrong."""
-    out: dict[int, tuple[int, int]] = {}
-    if not spec.strip():
-        raise ValueError("offsets: empty, expected P:FROM-TO[,P:FROM-TO...]")
-    for raw in spec.split(","):
-        part = raw.strip()
-        what = f"offsets: {part[:60]!r}"
-        p, colon, rng = part.partition(":")
-        lo, dash, hi = rng.partition("-")
-        if not colon or not dash:
-            raise ValueError(f"{what}: expected P:FROM-TO (partition:first-end offsets)")
-        try:
-            partition, start, end = _nat(p), _nat(lo), _nat(hi)
-        except ValueError:
-            raise ValueError(f"{what}: partition and offsets must be integers >= 0") from None
-        if start > end:
-            raise ValueError(f"{what}: FROM {start} is after TO {end}")
-        if partition in out:
-            raise ValueError(f"{what}: partition {partition} is given twice")
-        out[partition] = (start, end)
-    return out
-
-
-def _nat(text: str) -> int:
-    t = text.strip()
-    if not t.isdigit() or not t.isascii():
-        raise ValueError(text)
-    return int(t)
-
-
-def split(ranges: Iterable[PartitionRange], every: int,
-          limits: Limits = DEFAULT_LIMITS) -> list[PartitionRange]:
-    """The ranges cut at multiples of ``every`` rounded up to a multiple of
-    ``limits.block_offsets``: units of work whose blocks (and origins) are those of reading
-    the ranges whole. Empty ranges are dropped."""
-    if every < 1:
-        raise ValueError(f"split: every must be at least 1, got {every}")
-    step = -(-every // limits.block_offsets) * limits.block_offsets
-    out: list[PartitionRange] = []
-    for r in ranges:
-        at = r.start
-        while at < r.end:
-            cut = min(r.end, (at // step + 1) * step)
-            out.append(PartitionRange(r.topic, r.partition, at, cut))
-            at = cut
-    return out
 
 
 def signal_of(cfg: ClientConfig, topic: str) -> Signal:
@@ -211,62 +88,6 @@ def _ms(t: Instant, name: str) -> int:
     if ns < 0:
         raise ConfigError(f"backfill kafka: {name} {t!r} is before 1970")
     return -(-ns // 1_000_000)
-
-
-@dataclass
-class _Partition:
-    """The block being filled for one partition's range."""
-
-    rng: PartitionRange
-    signal: Signal
-    limits: Limits
-    log: Any
-    entries: list[Entry] = field(default_factory=list)
-    segment: int = -1
-    items: int = 0
-    bytes: int = 0
-    counts: Counter[str] = field(default_factory=Counter)
-
-    def add(self, rec: Any) -> list[RangeBlock]:
-        """Take the next record; the blocks it completes."""
-        out: list[RangeBlock] = []
-        counts: Counter[str] = Counter()
-        value = rec.value
-        size = len(value) if value is not None else 0
-        if value is None or size > self.limits.max_message_bytes:
-            counts["malformed_messages"] += 1
-            self.log.warning("kafka_message_malformed", topic=rec.topic, offset=rec.offset,
-                             partition=rec.partition,
-                             error="no value (a tombstone)" if value is None else
-                             f"{size} bytes, over max_message_bytes")
-            entry = Entry(rec.offset, b"", None, 0, rec.timestamp)
-        else:
-            entry = to_entry(self.signal, rec.topic, rec, counts, self.log)
-        segment = rec.offset // self.limits.block_offsets
-        if self.entries and (segment != self.segment
-                             or self.items + entry.items > self.limits.block_items
-                             or self.bytes + size > self.limits.block_bytes):
-            out.append(self.flush())
-        self.entries.append(entry)
-        self.segment, self.items, self.bytes = segment, self.items + entry.items, \
-            self.bytes + size
-        self.counts.update(counts)
-        if (rec.offset + 1) % self.limits.block_offsets == 0 or rec.offset + 1 >= self.rng.end:
-            out.append(self.flush())  # no later message can join it: do not hold it
-        return out
-
-    def flush(self) -> RangeBlock:
-        es = self.entries
-        block = Block(self.rng.topic, self.rng.partition, es[0].offset, es[-1].offset, es)
-        batches = merge_block(block, self.signal)
-        for b in batches:
-            b.origin = ORIGIN_PREFIX + b.origin
-        refused = "refused_spans" if self.signal == "traces" else "refused_profiles"
-        got = RangeBlock(block.topic, block.partition, block.first, block.last,
-                         ORIGIN_PREFIX + block.token, batches, len(es),
-                         self.counts["malformed_messages"], self.counts[refused], self.bytes)
-        self.entries, self.items, self.bytes, self.counts = [], 0, 0, Counter()
-        return got
 
 
 class KafkaRange:
@@ -425,7 +246,7 @@ class KafkaRange:
         await self.plan(offsets={r.partition: (r.start, r.end) for r in todo})  # checks
         c = self._client()
         parts = {TopicPartition(self.topic, r.partition):
-                 _Partition(r, self.signal, self.limits, self.log) for r in todo}
+                 PartitionBlocks(r, self.signal, self.limits, self.log) for r in todo}
         c.assign(list(parts))
         try:
             for tp, part in parts.items():

@@ -1,5 +1,5 @@
 """Where a ``files`` or ``kafka`` job's data comes from: one unit per file (``files.py``
-reads it), or per partition range of a topic (``kafka_range.py``).
+reads it), or per partition range of a topic (``kafka_range.py`` reads it).
 
 A file's pieces are gathered into blocks of about ``BLOCK_ITEMS`` spans or samples, each
 inserted under the deduplication token ``backfill/<file id>/<signal>/<first>-<last>``
@@ -19,7 +19,8 @@ from pathlib import Path
 
 from pipeline.backfill import files
 from pipeline.backfill.job import ANY_TENANT, Loaded, Loader, Source
-from pipeline.backfill.kafka_range import KafkaRange, PartitionRange, split
+from pipeline.backfill.kafka_blocks import PartitionRange, split
+from pipeline.backfill.kafka_range import KafkaRange
 from pipeline.backfill.reattribute import Figures, Unbalanced
 from pipeline.kafka import ClientConfig
 from pipeline.records import Batch, ProfileBatch, SpanBatch, concat
@@ -129,7 +130,7 @@ class KafkaSource(Source):
     """Topics over offset ranges (``offsets``: partition -> [from, to)) or a time range
     (``since`` / ``until``, ns; an open end is the end offset when the job is planned),
     read without a consumer group; each block inserted under its own token
-    (``kafka_range``), so a block read again adds nothing."""
+    (``kafka_blocks``), so a block read again adds nothing."""
 
     def __init__(self, cfg: ClientConfig, topics: list[str], *,
                  offsets: dict[int, tuple[int, int]] | None = None,

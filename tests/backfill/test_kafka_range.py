@@ -1,5 +1,6 @@
-"""pipeline/backfill/kafka_range.py against the real broker (tests/kafka_broker.py): what the
-gateway's kafka exporter wrote, replayed over offset and time ranges."""
+"""pipeline/backfill/kafka_range.py and kafka_blocks.py against the real broker
+(tests/kafka_broker.py): what the gateway's kafka exporter wrote, replayed over offset and
+time ranges."""
 
 from __future__ import annotations
 
@@ -16,17 +17,16 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, RecordsToDelete
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as tps
 
-from pipeline.backfill.kafka_range import (
+from pipeline.backfill.kafka_blocks import (
     DEFAULT_LIMITS,
     ORIGIN_PREFIX,
-    KafkaRange,
     Limits,
     PartitionRange,
     RangeBlock,
     parse_offsets,
-    signal_of,
     split,
 )
+from pipeline.backfill.kafka_range import KafkaRange, signal_of
 from pipeline.errors import ConfigError
 from pipeline.exporters.kafka import Config as ExporterConfig
 from pipeline.exporters.kafka import KafkaExporter
