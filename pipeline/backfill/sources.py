@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from pipeline.backfill import files
+from pipeline.backfill.file_pieces import DEFAULT_LIMITS, Bad, Limits, Origin
 from pipeline.backfill.job import ANY_TENANT, Loaded, Loader, Source
 from pipeline.backfill.kafka_blocks import PartitionRange, split
 from pipeline.backfill.kafka_range import KafkaRange
@@ -32,7 +33,7 @@ MAX_REFUSED = 20  # refusals named per file (the rest counted)
 
 class FileSource(Source):
     def __init__(self, paths: list[Path], tenant: str, service: str = "",
-                 limits: files.Limits = files.DEFAULT_LIMITS, horizon_ns: int = 0) -> None:
+                 limits: Limits = DEFAULT_LIMITS, horizon_ns: int = 0) -> None:
         self.paths = paths
         self.tenant = tenant
         self.service = service
@@ -63,7 +64,7 @@ class FileSource(Source):
         fid = unit.spec["id"]
         got = Loaded(Figures())
         f = got.figures
-        held: dict[str, list[tuple[files.Origin, Batch]]] = {"traces": [], "profiles": []}
+        held: dict[str, list[tuple[Origin, Batch]]] = {"traces": [], "profiles": []}
         count = {"traces": 0, "profiles": 0}
         refused = 0
 
@@ -82,7 +83,7 @@ class FileSource(Source):
         # read and decoded in a thread: a job submitted to a running pipeline must not
         # stall its event loop
         while (item := await asyncio.to_thread(next, items, None)) is not None:
-            if isinstance(item, files.Bad):
+            if isinstance(item, Bad):
                 refused += 1
                 if len(got.refused) < MAX_REFUSED:
                     got.refused.append(item.error)

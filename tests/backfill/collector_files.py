@@ -1,5 +1,6 @@
 """Files written the way the Collector's ``file`` exporter writes them (see the module
-docstring of pipeline/backfill/files.py for the sources): for the backfill tests and fuzz.
+docstring of pipeline/backfill/otlp_files.py for the sources): for the backfill tests and
+fuzz.
 
 * ``json_lines``: one OTLP/JSON object per line, ``\\n`` after each; JSON as pdata's
   ``JSONMarshaler`` writes it (camelCase, hex ids, 64-bit integers as strings);

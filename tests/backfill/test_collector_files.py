@@ -30,7 +30,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 from pipeline.backfill import files
-from pipeline.backfill.files import Piece
+from pipeline.backfill.file_pieces import Piece
 from pipeline.otlp.profiles import decode_profiles
 from tests.backfill import collector_files as C
 from tests.cachelock import cache_lock
@@ -152,8 +152,8 @@ class TestCollectorFiles:
     def test_reads_what_the_collector_wrote(self, written: Written, exporter: str) -> None:
         """Every span the SDK sent and every sample of the profiles request (its thread
         attributes too), from each
-        exporter's file, with nothing refused and no error. The framing is the one the
-        module docstring gives: json lines; length prefixes for proto, and for zstd by
+        exporter's file, with nothing refused and no error. The framing is the one
+        otlp_files.py's docstring gives: json lines; length prefixes for proto, and for zstd by
         default (a frame per message, json too); one zstd stream with the gate."""
         sent, req = written.spans, written.profiles
         path = written.dir / EXPORTERS[exporter][0]

@@ -1,5 +1,6 @@
-"""pipeline/backfill/files.py: the Collector's file exporter formats, pprof and JFR files,
-globs and directories, every bound, truncated and malformed files."""
+"""pipeline/backfill/files.py (with otlp_files.py, file_content.py, file_pieces.py): the
+Collector's file exporter formats, pprof and JFR files, globs and directories, every bound,
+truncated and malformed files."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Any
 import pytest
 
 from pipeline.backfill import files
-from pipeline.backfill.files import Bad, Kind, Limits, Piece
+from pipeline.backfill.file_pieces import DEFAULT_LIMITS, Bad, Kind, Limits, Piece
 from pipeline.errors import InvalidData
 from pipeline.otlp.profiles import decode_profiles
 from pipeline.otlp.traces import decode_traces
@@ -33,7 +34,7 @@ def write(tmp: Path, name: str, data: bytes) -> Path:
     return p
 
 
-def read(path: Path, limits: Limits = files.DEFAULT_LIMITS, service: str = "") -> list[Any]:
+def read(path: Path, limits: Limits = DEFAULT_LIMITS, service: str = "") -> list[Any]:
     return list(files.read(path, limits, service))
 
 

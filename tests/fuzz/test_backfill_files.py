@@ -21,7 +21,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pipeline.backfill import files
-from pipeline.backfill.files import Bad, Limits, Piece
+from pipeline.backfill.file_content import GZIP_MAGIC, ZSTD_MAGIC
+from pipeline.backfill.file_pieces import Bad, Limits, Piece
 from pipeline.records import ProfileBatch, SpanBatch
 from tests.backfill import collector_files as C
 from tests.backfill.test_files import MSGS
@@ -33,7 +34,7 @@ LIMITS = Limits(max_message_bytes=16 << 10, max_file_bytes=1 << 20)
 MUTANTS = int(os.environ.get("SPANPROF_FUZZ_BACKFILL_MUTATIONS",
                              20_000 if PROFILE == "fuzz" else 300))
 PREFIXES = [b"\xff\xff\xff\xff", b"\x00\x00\x00\x00", b"\x00\x00\x40\x01", b"\x00\x00\x3f\xff",
-            b"\x00\x00\x00\x01", files.ZSTD_MAGIC, files.GZIP_MAGIC, files.JFR_MAGIC, b"{",
+            b"\x00\x00\x00\x01", ZSTD_MAGIC, GZIP_MAGIC, files.JFR_MAGIC, b"{",
             b"\n", b"\x0a\x7b"]
 
 
