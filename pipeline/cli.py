@@ -89,7 +89,8 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
         print(json.dumps(msgspec.json.schema(RawConfig, schema_hook=schema_hook), indent=2))
         return 0
-    from pipeline.exporters.clickhouse.schema import SchemaOptions, render
+    from pipeline.exporters.clickhouse.migrate import render
+    from pipeline.exporters.clickhouse.schema import SchemaOptions
 
     print(render(SchemaOptions(database=args.database, ttl_seconds=args.ttl_days * 86400,
                                cluster=args.cluster)))

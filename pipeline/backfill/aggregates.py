@@ -42,7 +42,7 @@ before the INSERT has read) reaches the aggregate twice, through its view and th
 rebuild minutes the live pipeline no longer writes (a backfill's, past the correlator's
 grace), or rebuild again.
 
-On a cluster schema (``cluster:``, ``schema.on_cluster``) it refuses with a ConfigError:
+On a cluster schema (``cluster:``, ``cluster.on_cluster``) it refuses with a ConfigError:
 there the aggregates are Distributed tables over per-shard local tables, the DELETE must be
 ``ON CLUSTER`` on the local tables, and neither that path nor the deduplication of
 inserts forwarded to Replicated tables has been run here (no cluster in the tests).

@@ -23,7 +23,8 @@ import grpc
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from pipeline.exporters.clickhouse.schema import SchemaOptions, bootstrap, statements
+from pipeline.exporters.clickhouse.migrate import bootstrap, statements
+from pipeline.exporters.clickhouse.schema import SchemaOptions
 from pipeline.otlp.builder import ProfileBuilder
 from tests.conftest import SpanprofProcess, clickhouse, wait_until
 from tests.e2e.otlp_clients import profiles_stub, traces_stub

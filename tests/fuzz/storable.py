@@ -18,7 +18,8 @@ from functools import cache
 from typing import Any
 
 from pipeline.exporters.clickhouse import rows
-from pipeline.exporters.clickhouse.schema import SchemaOptions, render
+from pipeline.exporters.clickhouse.migrate import render
+from pipeline.exporters.clickhouse.schema import SchemaOptions
 from pipeline.records import ProfileBatch, SpanBatch
 
 INT_RANGES = {"UInt8": (0, 2**8 - 1), "UInt32": (0, 2**32 - 1), "UInt64": (0, 2**64 - 1),

@@ -18,7 +18,8 @@ from hypothesis.errors import NonInteractiveExampleWarning
 
 from pipeline.errors import InvalidData
 from pipeline.exporters.clickhouse import rows
-from pipeline.exporters.clickhouse.schema import SchemaOptions, bootstrap, statements
+from pipeline.exporters.clickhouse.migrate import bootstrap, statements
+from pipeline.exporters.clickhouse.schema import SchemaOptions
 from pipeline.otlp import bounds
 from pipeline.otlp.profiles import decode_profiles
 from pipeline.otlp.traces import decode_traces

@@ -45,17 +45,11 @@ from pipeline.config.tls import ClientTls
 from pipeline.errors import ConfigError, Retryable
 from pipeline.exporters.clickhouse import failpoints, rows
 from pipeline.exporters.clickhouse.backend import ClickHouseClient
+from pipeline.exporters.clickhouse.cluster import on_cluster
+from pipeline.exporters.clickhouse.migrate import bootstrap, lacks_column, plan, ttl_changes
 from pipeline.exporters.clickhouse.queue import SendingQueue
 from pipeline.exporters.clickhouse.queue_log import QueueError
-from pipeline.exporters.clickhouse.schema import (
-    SchemaOptions,
-    Step,
-    bootstrap,
-    lacks_column,
-    on_cluster,
-    plan,
-    ttl_changes,
-)
+from pipeline.exporters.clickhouse.schema import SchemaOptions, Step
 from pipeline.exporters.clickhouse.writer import Writer
 from pipeline.log import redact
 from pipeline.records import AttributionBatch, Batch, ProfileBatch, SpanBatch

@@ -14,8 +14,9 @@ import pytest
 from pipeline.errors import Retryable
 from pipeline.exporters.clickhouse.exporter import ClickHouseExporter, Config, RetryConfig
 from pipeline.exporters.clickhouse.memory import MemoryClient, reset
+from pipeline.exporters.clickhouse.migrate import render
 from pipeline.exporters.clickhouse.rows import COLUMNS
-from pipeline.exporters.clickhouse.schema import MIGRATIONS, SchemaOptions, render
+from pipeline.exporters.clickhouse.schema import MIGRATIONS, SchemaOptions
 from pipeline.exporters.clickhouse.writer import Writer
 from pipeline.records import (
     Attribution,
@@ -196,12 +197,8 @@ class TestExporterOnEmbeddedEngine:
         """Tables made with ttl 7d, then started with 1d, then with 0 (for ever): each start
         brings every table's TTL to the config's, and a start with nothing changed alters
         nothing."""
-        from pipeline.exporters.clickhouse.schema import (
-            STACK_TTL_MARGIN_S,
-            SchemaOptions,
-            ttl_changes,
-            ttl_plan,
-        )
+        from pipeline.exporters.clickhouse.migrate import ttl_changes, ttl_plan
+        from pipeline.exporters.clickhouse.schema import STACK_TTL_MARGIN_S, SchemaOptions
 
         async def start(ttl: int) -> dict[str, str]:
             cfg = Config(endpoint=f"chdb://{tmp_path}/ch", flush_interval=0.05,
@@ -229,7 +226,7 @@ class TestExporterOnEmbeddedEngine:
     async def test_upgrade_from_migration_1_keeps_old_rows(self, tmp_path: Path) -> None:
         """A database made by the first schema is brought up to date on start, without a
         manual ALTER: old rows stay, new columns read their defaults, new rows fill them."""
-        from pipeline.exporters.clickhouse.schema import bootstrap
+        from pipeline.exporters.clickhouse.migrate import bootstrap
         with clickhouse(tmp_path / "ch") as ch:
             o = SchemaOptions(ttl_seconds=0)
             for sql in bootstrap(o) + MIGRATIONS[0].render(o):

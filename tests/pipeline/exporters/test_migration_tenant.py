@@ -11,7 +11,8 @@ import pytest
 
 from pipeline.exporters.clickhouse import rows
 from pipeline.exporters.clickhouse.exporter import ClickHouseExporter, Config, apply_step
-from pipeline.exporters.clickhouse.schema import MIGRATIONS, SchemaOptions, bootstrap, plan
+from pipeline.exporters.clickhouse.migrate import bootstrap, plan
+from pipeline.exporters.clickhouse.schema import MIGRATIONS, SchemaOptions
 from pipeline.records import (
     Attribution,
     AttributionBatch,

@@ -12,7 +12,8 @@ import pytest
 
 from pipeline.errors import ConfigError
 from pipeline.exporters.clickhouse.exporter import Config
-from pipeline.exporters.clickhouse.schema import SchemaOptions, bootstrap, render, statements
+from pipeline.exporters.clickhouse.migrate import bootstrap, render, statements
+from pipeline.exporters.clickhouse.schema import SchemaOptions
 
 CLUSTER = SchemaOptions(cluster="prod")
 
@@ -75,7 +76,7 @@ class TestClusterSchema:
         any other; emptied and exchanged as local tables, after the Distributed table under
         the plain name is remade with the new columns (over NAME_local); copied once through
         the Distributed tables; dropped both; views dropped on every node."""
-        from pipeline.exporters.clickhouse.schema import plan
+        from pipeline.exporters.clickhouse.migrate import plan
 
         steps = dict(plan(CLUSTER))[11]
         by_first = {s.sql[0].split(" ON CLUSTER")[0]: s for s in steps}
@@ -103,7 +104,7 @@ class TestClusterSchema:
                              sql for s in steps for sql in s.sql), re.S)
 
     def test_a_changed_ttl_alters_the_local_tables(self) -> None:
-        from pipeline.exporters.clickhouse.schema import ttl_changes
+        from pipeline.exporters.clickhouse.migrate import ttl_changes
 
         now = {"otel_traces_local": "CREATE TABLE spanprof.otel_traces_local (...) ENGINE = "
                                     "ReplicatedReplacingMergeTree(...) ORDER BY (...) TTL "

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.exporters.clickhouse.migrate import statements
 from pipeline.exporters.clickhouse.schema import (
     MIGRATIONS,
     STACK_TTL_MARGIN_S,
     SchemaOptions,
     load_migrations,
     parse_migration,
-    statements,
 )
 
 PACKAGED = resources.files("pipeline.exporters.clickhouse") / "migrations"
@@ -95,7 +95,8 @@ class TestMigrationFiles:
     def test_a_statement_applied_while_a_table_lacks_a_column(self) -> None:
         """``-- statement when TABLE lacks COLUMN``: the step carries the condition the runner
         checks (on the local table for a cluster), and ``schema print`` shows it."""
-        from pipeline.exporters.clickhouse.schema import Lacks, lacks_column, render
+        from pipeline.exporters.clickhouse.migrate import lacks_column, render
+        from pipeline.exporters.clickhouse.schema import Lacks
 
         m = parse_migration("0010_example.sql", "-- statement when t lacks tenant\n"
                                                 "-- why\nEXCHANGE TABLES {db}.t AND {db}.t__new\n"
