@@ -17,9 +17,9 @@ One run on the embedded engine (chdb), on a fresh directory:
    Each table is ``OPTIMIZE ... FINAL``-ed, then measured in ``system.parts`` (active parts).
 2. **Query latency** (wall clock, median of 7 runs after one warm-up) of "top functions of
    one operation over one hour" and "one trace with its attribution", through
-   ``pipeline.admin.queries`` for spanprof and as the best plain SQL for ``otel_profiles``;
-   rows and bytes read are the deltas of ``system.events`` SelectedRows / SelectedBytes
-   over the warm-up run (chdb has no ``system.query_log``).
+   ``pipeline.admin.queries`` / ``function_queries`` for spanprof and as the best plain SQL
+   for ``otel_profiles``; rows and bytes read are the deltas of ``system.events``
+   SelectedRows / SelectedBytes over the warm-up run (chdb has no ``system.query_log``).
 3. **Load time** of each step.
 
 The data is generated inside ClickHouse (``INSERT ... SELECT FROM numbers(N)``,
@@ -61,7 +61,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from pipeline.admin import queries, why  # noqa: E402
+from pipeline.admin import function_queries, queries, why  # noqa: E402
 from pipeline.exporters.clickhouse.exporter import ClickHouseExporter, Config  # noqa: E402
 from pipeline.records import DEFAULT_TENANT  # noqa: E402
 from pipeline.registry import Context  # noqa: E402
@@ -480,9 +480,9 @@ async def bench_queries(e: Engine, via: Any) -> Measured:
 
     # -- top functions of one operation over one hour
     agg = await m.measure("spanprof", f"functions({SERVICE}, {OPERATION}, 1h): fn_minute + "
-                          "op_minute [queries.functions]",
-                          lambda: queries.functions(e, DB, SERVICE, OPERATION, HOUR, limit=20,
-                                                    tenant=DEFAULT_TENANT))
+                          "op_minute [function_queries.functions]",
+                          lambda: function_queries.functions(e, DB, SERVICE, OPERATION, HOUR,
+                                                             limit=20, tenant=DEFAULT_TENANT))
     want = [(f["name"], f["self_cpu_ns"]) for f in agg["functions"]]
     check(len(want) == 20, f"functions(): {len(want)} functions, expected 20")
     raw_fn = await m.measure("spanprof", "same from span_functions FINAL (per-span rows)",
@@ -639,11 +639,11 @@ async def check_totals(e: Engine, n: int) -> None:
     check(orphan_stacks == 0, f"{orphan_stacks} samples whose stack is not in profile_stacks")
     check(spans == calls, f"op_minute calls {calls} != spans with samples {spans}")
     check(orphans == 0, f"{orphans} spans whose parent is missing")
-    # the whole range through queries.functions(): a service's CPU is its samples' sum
+    # the whole range through function_queries.functions(): a service's CPU is its samples' sum
     whole = (T0, T0 + WINDOW_S + 60)
     for svc in ("svc0", "svc3"):
-        f = await queries.functions(e, DB, svc, None, whole, limit=10_000,
-                                    tenant=DEFAULT_TENANT)
+        f = await function_queries.functions(e, DB, svc, None, whole, limit=10_000,
+                                             tenant=DEFAULT_TENANT)
         want = int(e.rows(f"SELECT sum(value) FROM {DB}.profile_samples "
                           "WHERE service = {s:String}", {"s": svc})[0][0])
         check(f["cpu_ns"] == want and sum(x["self_cpu_ns"] for x in f["functions"]) == want,

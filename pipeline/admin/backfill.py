@@ -32,7 +32,7 @@ import msgspec
 import structlog
 from aiohttp import web
 
-from pipeline.admin.queries import parse_range
+from pipeline.admin.ranges import parse_range
 from pipeline.auth import TokenAuth
 from pipeline.backfill import files, job, reattribute
 from pipeline.backfill.sources import FileSource

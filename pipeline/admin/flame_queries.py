@@ -8,7 +8,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from pipeline.admin.queries import TENANT, Queryable, _op_where, methods_of, subtree
+from pipeline.admin.function_queries import _op_where, subtree
+from pipeline.admin.queries import TENANT, Queryable, methods_of
 
 MAX_FLAME_NODES = 100_000
 # each prefix of the frames ``f`` (root first) as a 64-bit hash: see _flame_sql

@@ -12,6 +12,7 @@ import msgspec
 from aiohttp import web
 
 from pipeline.admin import queries
+from pipeline.admin.ranges import parse_range
 from pipeline.config import Duration
 from pipeline.log import redact
 from pipeline.receivers.authn import TENANT
@@ -87,7 +88,7 @@ def hex_id(v: str | None, name: str, length: int) -> str:
 def time_range(q: Any, name: str, now: float, default: str | None = None) -> tuple[int, int]:
     spec = param(q, name, default is None) or str(default)
     try:
-        return queries.parse_range(spec, now, name)
+        return parse_range(spec, now, name)
     except ValueError as err:
         raise BadRequest(str(err)) from None
 

@@ -53,7 +53,7 @@ from typing import Any
 import structlog
 from aiohttp import web
 
-from pipeline.admin import params, queries, webui, why
+from pipeline.admin import function_queries, params, queries, webui, why
 from pipeline.admin.backfill import BackfillJobs
 from pipeline.admin.querier import Querier
 from pipeline.admin.ui_api import UiApi
@@ -201,9 +201,9 @@ class AdminServer:
             service, operation = str(params.text(q, "service", True)), params.text(q, "operation")
             rng = params.time_range(q, "since", now, "1h")
             limit, method = params.limit(q), params.method(q)
-            return await queries.functions(self._db(), self._database(), service, operation,
-                                           rng, limit=limit, method=method,
-                                           tenant=params.tenant_of(request))
+            return await function_queries.functions(self._db(), self._database(), service,
+                                                    operation, rng, limit=limit, method=method,
+                                                    tenant=params.tenant_of(request))
         return await self._answer(request, work)
 
     async def diff(self, request: web.Request) -> web.Response:
@@ -211,9 +211,9 @@ class AdminServer:
             service, operation = str(params.text(q, "service", True)), params.text(q, "operation")
             before, after = params.time_range(q, "before", now), params.time_range(q, "after", now)
             limit, method = params.limit(q), params.method(q)
-            return await queries.diff(self._db(), self._database(), service, operation,
-                                      before, after, limit=limit, method=method,
-                                      tenant=params.tenant_of(request))
+            return await function_queries.diff(self._db(), self._database(), service, operation,
+                                               before, after, limit=limit, method=method,
+                                               tenant=params.tenant_of(request))
         return await self._answer(request, work)
 
     async def stacks(self, request: web.Request) -> web.Response:
@@ -222,13 +222,14 @@ class AdminServer:
             tid, sid = params.param(q, "trace_id"), params.param(q, "span_id")
             if tid or sid:
                 tid, sid = params.hex_id(tid, "trace_id", 32), params.hex_id(sid, "span_id", 16)
-                return await queries.span_stacks(self._db(), self._database(), tid, sid,
-                                                 method=method, tenant=params.tenant_of(request))
+                return await function_queries.span_stacks(
+                    self._db(), self._database(), tid, sid, method=method,
+                    tenant=params.tenant_of(request))
             service, operation = str(params.text(q, "service", True)), params.text(q, "operation")
             rng = params.time_range(q, "since", now, "1h")
-            return await queries.operation_stacks(self._db(), self._database(), service,
-                                                  operation, rng, method=method,
-                                                  tenant=params.tenant_of(request))
+            return await function_queries.operation_stacks(
+                self._db(), self._database(), service, operation, rng, method=method,
+                tenant=params.tenant_of(request))
         return await self._answer(request, work)
 
     async def why(self, request: web.Request) -> web.Response:

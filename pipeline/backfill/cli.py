@@ -147,7 +147,7 @@ async def _run(args: argparse.Namespace, store: Any, cfg: Any) -> int:
         source = _kafka_source(args, cfg)
         parts = [(u.id, u.spec) for u in await source.units()]
     else:
-        from pipeline.admin.queries import parse_range
+        from pipeline.admin.ranges import parse_range
 
         try:
             lo, hi = parse_range(args.range_, time.time(), "--range")
@@ -232,7 +232,7 @@ def _admin(args: argparse.Namespace, method: str, path: str,
 def _kafka_source(args: argparse.Namespace, cfg: Any) -> job.Source:
     """The topics' range, read with the config's ``kafka`` receiver's (else exporter's)
     brokers and security."""
-    from pipeline.admin.queries import parse_range
+    from pipeline.admin.ranges import parse_range
     from pipeline.backfill.kafka_blocks import parse_offsets
     from pipeline.backfill.sources import KafkaSource
 

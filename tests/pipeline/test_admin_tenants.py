@@ -1,7 +1,8 @@
 """Each query sees only its tenant (issue #17): two tenants' data with the very same trace,
 span and stack ids in the real embedded engine, and every function of
-``pipeline/admin/queries.py`` asked for one of them, or for a tenant no one has, or for a
-name holding SQL. Then the admin API: the tenant of a request is its token's."""
+``pipeline/admin/queries.py`` and ``function_queries.py`` asked for one of them, or for a
+tenant no one has, or for a name holding SQL. Then the admin API: the tenant of a request
+is its token's."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from pipeline.admin import queries
+from pipeline.admin import function_queries, queries
 from pipeline.admin.params import tenant_of as _tenant
 from pipeline.admin.server import AdminServer
 from pipeline.auth import AuthConfig, TokenAuth
@@ -93,13 +94,14 @@ async def everything(db: ClickHouseExporter, tenant: str) -> dict[str, Any]:
     return {
         "top": await queries.top_spans(db, "spanprof", method="all", tenant=tenant),
         "trace": await queries.trace(db, "spanprof", tid, tenant=tenant),
-        "functions": await queries.functions(db, "spanprof", "api", None, RANGE,
-                                             method="all", tenant=tenant),
-        "diff": await queries.diff(db, "spanprof", "api", None, (RANGE[0], NOW_S),
-                                   (NOW_S, RANGE[1]), tenant=tenant),
-        "span_stacks": await queries.span_stacks(db, "spanprof", tid, root, tenant=tenant),
-        "op_stacks": await queries.operation_stacks(db, "spanprof", "api", None, RANGE,
-                                                    tenant=tenant),
+        "functions": await function_queries.functions(db, "spanprof", "api", None, RANGE,
+                                                      method="all", tenant=tenant),
+        "diff": await function_queries.diff(db, "spanprof", "api", None, (RANGE[0], NOW_S),
+                                            (NOW_S, RANGE[1]), tenant=tenant),
+        "span_stacks": await function_queries.span_stacks(db, "spanprof", tid, root,
+                                                          tenant=tenant),
+        "op_stacks": await function_queries.operation_stacks(db, "spanprof", "api", None,
+                                                             RANGE, tenant=tenant),
     }
 
 
@@ -154,9 +156,11 @@ class TestEachQuerySeesOnlyItsTenant:
         for all tenants by leaving it out."""
         import inspect
 
-        for name in ("top_spans", "trace", "functions", "diff", "span_stacks",
-                     "operation_stacks"):
-            p = inspect.signature(getattr(queries, name)).parameters["tenant"]
+        for module, name in ((queries, "top_spans"), (queries, "trace"),
+                             (function_queries, "functions"), (function_queries, "diff"),
+                             (function_queries, "span_stacks"),
+                             (function_queries, "operation_stacks")):
+            p = inspect.signature(getattr(module, name)).parameters["tenant"]
             assert p.kind is inspect.Parameter.KEYWORD_ONLY, name
             assert p.default is inspect.Parameter.empty, name
 
