@@ -35,7 +35,7 @@ no known span explains is counted as unattributed, per service and minute.
 ``Placement`` holds the crediting, the sharing of untimed samples and their orphans, as
 methods of ``CorrelatorState``; the placement of timed samples (by instant, then by stack)
 is in ``timed``. The tables they read and write are the state's, declared here for the
-type checker only.
+type checker only (those the index of known spans writes too in ``known``).
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ from processors.correlate.accumulators import (
     add,
 )
 from processors.correlate.frames import Frames
+from processors.correlate.known import KnownSpans
 from processors.correlate.sizes import METHOD_ITEMS
 from processors.correlate.spans import Orphan, Pending, SpanInfo, Tree
 
@@ -70,7 +71,7 @@ MAX_LEARNT_SERVICES = 100_000
 
 
 
-class Placement:
+class Placement(KnownSpans):
     """Placing samples in known spans: a part of ``CorrelatorState`` (see the module)."""
 
     spans: dict[Key, Pending]
@@ -78,15 +79,11 @@ class Placement:
     emitted: OrderedDict[Key, tuple[float, SpanInfo]]
     late: dict[Key, Pending]
     unattributed: dict[tuple[str, int], Acc]
-    trees: dict[bytes, Tree]
-    slots: dict[tuple[str, int], dict[Key, None]]
     skews: dict[tuple[str, int, str], Skew]
-    trace_of: dict[bytes, bytes]
     labels_children: set[str]  # services whose untimed samples name non-root spans
     frames: Frames
     stats: Stats
     _orphan_timed: int
-    _items: int
 
     def _key(self, smp: Sample) -> Key:
         """The span a labelled sample names: a span-only label of a known span with its

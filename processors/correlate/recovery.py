@@ -53,7 +53,7 @@ from processors.correlate.reconcile import APPROX_METHODS, UNATTRIBUTED, deltas,
 # Raw rows stored at most this long before the correlator received them: the exporter's
 # insert (batched for its flush_interval, then the insert itself), ClickHouse's now() in
 # whole seconds, and a server clock a little off ours. 2 x the correlator's flush_interval
-# is added for the flush that follows placing a timed sample (state.oldest_held).
+# is added for the flush that follows placing a timed sample (windows: oldest_held).
 MARGIN_S = 10.0
 CHUNK_TRACES = 500  # traces read, replayed and reconciled at a time
 SEND_ROWS = 2_000  # rows per batch sent on (as the connector's outbox)

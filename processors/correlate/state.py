@@ -21,19 +21,11 @@ upload every 10-60 s). The state keeps, per (trace_id, span_id):
                  to place by stack the samples their instant cannot (``frames``).
 
 How a sample finds its span, and the ``method`` its row says (``link``, ``link+time``,
-``thread``, ``window``), is in ``placement`` (and ``timed``: timed samples).
-
-Every report is a *delta* row and a span's totals are the sum of its rows, so a late sample
-adds to the span rather than replacing or vanishing, and CPU is conserved: what comes in is
-reported on a span or as unattributed, exactly once. Rows carry self CPU (``cpu_ns``) and
-inclusive CPU (self plus the descendants in the same service, ``inclusive_cpu_ns``): a sample
-placed in a span adds to the inclusive CPU of its known ancestors too.
-
-Memory is bounded twice: by ``max_entries`` (held spans, sample groups and timed samples)
-and by ``max_bytes``, an estimate kept as entries come and go (``bytes``, see ``sizes``).
-Beyond either, markers of reported spans are dropped first, then what ``frames`` learnt
-(neither loses data), then the oldest entries are reported early, counted in ``evicted``:
-their CPU is reported, never dropped.
+``thread``, ``window``), is in ``placement`` (and ``timed``: timed samples), which reads the
+index of known spans (``known``: ``trees``, ``trace_of`` and the spans open each second).
+When what is held is reported (its windows, and the bounds on memory: ``max_entries`` and
+``max_bytes``), as delta rows that conserve CPU, is in ``windows``. ``CorrelatorState``
+declares the tables and takes the input; its other methods are those parts'.
 
 What the state holds per span is in ``accumulators`` and ``spans``; the Kafka tier, which
 holds nothing, computes each message's rows alone (``messages``).
@@ -47,22 +39,12 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from pipeline.records import (
-    ATTRIBUTED,
-    Attribution,
-    AttributionBatch,
-    ProfileBatch,
-    Sample,
-    Span,
-    Unattributed,
-)
-from processors.correlate.accumulators import LINK, UNKNOWN_FRAME, Acc, Key, add
+from pipeline.records import ATTRIBUTED, ProfileBatch, Sample, Span
+from processors.correlate.accumulators import UNKNOWN_FRAME, Acc, Key
 from processors.correlate.frames import Frames
-from processors.correlate.messages import random_source
-from processors.correlate.sizes import ACC_BYTES, ITEM_BYTES, SAMPLE_BYTES, span_cost
 from processors.correlate.skew import Skew
-from processors.correlate.spans import MAX_SLOTS, SLOT_NS, Orphan, Pending, SpanInfo, Tree
-from processors.correlate.timed import TimedPlacement
+from processors.correlate.spans import Orphan, Pending, SpanInfo, Tree
+from processors.correlate.windows import Windows
 
 
 @dataclass
@@ -89,7 +71,7 @@ def _int_attr(attrs: dict[str, str], key: str) -> int:
 
 
 @dataclass
-class CorrelatorState(TimedPlacement):
+class CorrelatorState(Windows):
     grace: float = 10.0
     orphan_timeout: float = 60.0
     late_window: float = 600.0
@@ -126,62 +108,6 @@ class CorrelatorState(TimedPlacement):
         return (f"<CorrelatorState spans={len(self.spans)} orphans={len(self.orphans)} "
                 f"late={len(self.late)} emitted={len(self.emitted)} "
                 f"evicted={self.stats.evicted}>")
-
-    @property
-    def entries(self) -> int:
-        """Entries held for their window (what ``max_entries`` bounds)."""
-        return (len(self.spans) + len(self.orphans) + len(self.late) + len(self.held)
-                + self._orphan_timed)
-
-    @property
-    def bytes(self) -> int:
-        """Estimated memory held (what ``max_bytes`` bounds)."""
-        accs = len(self.spans) + len(self.orphans) + len(self.late) + len(self.unattributed)
-        return (self._span_bytes + ACC_BYTES * accs + ITEM_BYTES * self._items
-                + SAMPLE_BYTES * (len(self.held) + self._orphan_timed) + self.frames.bytes)
-
-    def _over(self) -> bool:
-        return self.entries > self.max_entries or self.bytes > self.max_bytes
-
-    def oldest_held(self) -> float | None:
-        """A lower bound on the arrival (clock of ``now``) of the input held unreported, or
-        None when nothing is held: the correlator's checkpoint, from which a restart after
-        a crash finds the traces whose rows it may have lost (``recovery``).
-
-        A span's accumulator dates from its span's arrival (or its first sample's), and that
-        span is in the store, so its trace is found. Accumulators created when a timed
-        sample was placed (orphans, late, unattributed, evicted) date from the placement,
-        up to ``grace`` (plus one flush) after the sample arrived: ``grace`` is taken off
-        them, and the connector's margin covers the flush."""
-        # held spans and orphans are in arrival order, so the first of each is the oldest
-        # (a scan of every held span took 50 ms at 200 000): but for spans whose samples
-        # came first (``_early``, their accumulator dates from the samples)
-        times = []
-        first = next(iter(self.spans.values()), None)
-        if first is not None:
-            times.append(first.acc.since)
-        early = self._prune_early()
-        if early:
-            times.append(early[0][0])
-        first_orphan = next(iter(self.orphans.values()), None)
-        if first_orphan is not None:
-            times.append(first_orphan.acc.since - self.grace)
-        times += [p.acc.since - self.grace for p in self.late.values()]
-        times += [a.since - self.grace for a in self.unattributed.values()]
-        times += [a.since - self.grace for _, _, a in self._evicted]
-        if self.held:
-            times.append(self.held[0][0])  # appended in arrival order
-        return min(times) if times else None
-
-    def _prune_early(self) -> list[tuple[float, Key]]:
-        """``_early`` without the stale entries at its top (spans reported since, or whose
-        entry was replaced); at every flush too, so that it stays about as large as the
-        spans it names."""
-        early = self._early
-        while early and ((p := self.spans.get(early[0][1])) is None
-                         or p.acc.since != early[0][0]):
-            heapq.heappop(early)
-        return early
 
     # ---- input -------------------------------------------------------------------------
 
@@ -261,186 +187,3 @@ class CorrelatorState(TimedPlacement):
         for (tid, sid, service), group in linked.items():
             self._add_linked((tid, sid), service, group, now)
         self._bound(now)
-
-    # ---- known spans -------------------------------------------------------------------
-
-    def _know(self, key: Key, info: SpanInfo) -> None:
-        self.trace_of[key[1]] = key[0]
-        tree = self.trees.get(key[0])
-        if tree is None:
-            tree = self.trees[key[0]] = Tree()
-        tree.add(key[1], info)
-        first = info.start_ns // SLOT_NS
-        last = min(max(first, (info.end_ns - 1) // SLOT_NS), first + MAX_SLOTS - 1)
-        self._span_bytes += span_cost(info, last - first + 1)
-        for slot in range(first, last + 1):
-            self.slots.setdefault((info.service, slot), {})[key] = None
-
-    def _forget(self, key: Key, info: SpanInfo) -> None:
-        if self.trace_of.get(key[1]) == key[0]:
-            del self.trace_of[key[1]]
-        tree = self.trees.get(key[0])
-        if tree is not None:
-            tree.remove(key[1])
-            if not tree.spans:
-                if tree.waiting:
-                    self._items -= sum(len(w) for w in tree.waiting.values())
-                del self.trees[key[0]]
-        first = info.start_ns // SLOT_NS
-        last = min(max(first, (info.end_ns - 1) // SLOT_NS), first + MAX_SLOTS - 1)
-        self._span_bytes -= span_cost(info, last - first + 1)
-        for slot in range(first, last + 1):
-            keys = self.slots.get((info.service, slot))
-            if keys is not None:
-                keys.pop(key, None)
-                if not keys:
-                    del self.slots[(info.service, slot)]
-
-    # ---- placing samples (where: ``placement``) ----------------------------------------
-
-    def _place_held(self, now: float, force: bool) -> None:
-        held = self.held
-        due: list[tuple[Sample, str]] = []
-        while held and (force or held[0][0] + self.grace <= now or self._over()):
-            _, smp, leaf = held.popleft()
-            due.append((smp, leaf))
-        # first learn the clock skew from the labelled ones, then place them all
-        for smp, _ in due:
-            if smp.span_id:
-                info = self._info(self._key(smp))
-                if info is not None and info.duration_ns:
-                    pkey = (smp.service, smp.pid, smp.host)
-                    sk = self.skews.get(pkey)
-                    if sk is None:
-                        sk = self.skews[pkey] = Skew()
-                    sk.observe(smp.time_ns, info.start_ns, info.end_ns)
-        self._place_due(due, now)
-        if force or not (self.held or self._orphan_timed):
-            # no sample waits for its stack; forced (shutdown): what was learnt goes too
-            self.frames.clear(learnt=force)
-
-    # ---- output ------------------------------------------------------------------------
-
-    def _pop_orphan(self, key: Key) -> Acc:
-        """Take an orphan out for reporting: its span never came (or memory is short), so
-        its timed samples go on the label as they are."""
-        orphan = self.orphans.pop(key)
-        self._items -= orphan.acc.items()
-        for smp, leaf in orphan.timed:
-            add(orphan.acc.m(LINK), smp.measure, smp.value, smp.count, leaf, smp.stack_id)
-        self._orphan_timed -= len(orphan.timed)
-        return orphan.acc
-
-    def take_due(self, now: float, force: bool = False) -> AttributionBatch:
-        """Remove and return every report that is due (all of them when ``force``)."""
-        self._place_held(now, force)
-        rows: list[Attribution] = []
-        for key, info, acc in self._evicted:
-            rows.extend(_rows(key, info, acc))
-        self._evicted.clear()
-
-        # in arrival order, so in ready_at order (now + grace, the clock monotonic): the due
-        # ones are a prefix, and the scan stops at the first not due (not all held spans)
-        due: list[Key] = []
-        for k, p in self.spans.items():
-            if not force and p.ready_at > now:
-                break
-            due.append(k)
-        for key in due:
-            p = self.spans.pop(key)
-            self._items -= p.acc.items()
-            rows.extend(_rows(key, p.info, p.acc))
-            self.emitted[key] = (now + self.late_window, p.info)
-        self._prune_early()
-        for key, late in self.late.items():
-            self._items -= late.acc.items()
-            rows.extend(_rows(key, late.info, late.acc))
-            self.stats.late_reported += 1
-        self.late.clear()
-        for key in [k for k, o in self.orphans.items()
-                    if force or o.acc.since + self.orphan_timeout <= now]:
-            rows.extend(_rows(key, None, self._pop_orphan(key)))
-            self.stats.orphans_reported += 1
-
-        unattributed = []
-        for (svc, minute), a in self.unattributed.items():
-            m = a.m(LINK)
-            unattributed.append(Unattributed(svc, minute, m.cpu_ns, m.wall_ns, m.count,
-                                             random_source()))
-        self.unattributed.clear()
-        while self.emitted:
-            key, (expires, info) = next(iter(self.emitted.items()))
-            if expires > now and not force:
-                break
-            del self.emitted[key]
-            if key not in self.spans:
-                self._forget(key, info)
-        self.stats.rows_out += len(rows)
-        return AttributionBatch(rows, unattributed)
-
-    def shrink_to(self, max_entries: int, max_bytes: int, now: float) -> None:
-        """Report the oldest entries early until at most ``max_entries`` and ``max_bytes``
-        are held (the bounds of all tenants' states together, ``connector``)."""
-        saved = self.max_entries, self.max_bytes
-        self.max_entries, self.max_bytes = max(0, max_entries), max(0, max_bytes)
-        try:
-            self._bound(now)
-        finally:
-            self.max_entries, self.max_bytes = saved
-
-    def _bound(self, now: float) -> None:
-        """Keep held entries within ``max_entries`` and ``max_bytes`` by reporting the
-        oldest ones early."""
-        if self.held and self._over():
-            self._place_held(now, force=False)  # places the oldest held samples first
-        while len(self.emitted) and (self.entries + len(self.emitted) > self.max_entries
-                                     or self.bytes > self.max_bytes):
-            key, (_, info) = self.emitted.popitem(last=False)  # losing a marker loses no data
-            if key not in self.spans:
-                self._forget(key, info)
-        if self._over() and self.frames.bytes:
-            self.frames.clear()  # only placement by stack is lost
-        while self._over():
-            # the oldest held entry of the three kinds is reported first
-            heads: list[tuple[float, str, Key]] = []
-            for kind, table in (("span", self.spans), ("late", self.late)):
-                first = next(iter(table.items()), None)
-                if first is not None:
-                    heads.append((first[1].acc.since, kind, first[0]))
-            first_orphan = next(iter(self.orphans.items()), None)
-            if first_orphan is not None:
-                heads.append((first_orphan[1].acc.since, "orphan", first_orphan[0]))
-            if not heads:
-                break
-            _, kind, key = min(heads)
-            if kind == "orphan":
-                self._evicted.append((key, None, self._pop_orphan(key)))
-            else:
-                p = (self.spans if kind == "span" else self.late).pop(key)
-                self._items -= p.acc.items()
-                self._evicted.append((key, p.info, p.acc))
-                if kind == "span" or key in self.emitted:  # a late entry's marker may be gone
-                    self.emitted[key] = (now + self.late_window, p.info)
-                    self.emitted.move_to_end(key)
-            self.stats.evicted += 1
-
-
-def _rows(key: Key, info: SpanInfo | None, acc: Acc) -> list[Attribution]:
-    """A span's rows: one per method that joined something to it. A span without CPU has
-    none: its name, duration and off-CPU time are read from ``otel_traces``."""
-    out = []
-    for method, m in acc.methods():
-        if not m.any():
-            continue
-        if info is None:
-            out.append(Attribution(key[0], key[1], method, acc.service, "", b"", 0, 0, False,
-                                   m.cpu_ns, m.wall_ns, m.count, m.self_cpu, m.self_wall,
-                                   random_source(), m.incl_cpu, m.stack_cpu, m.stack_wall,
-                                   **m.extra()))
-        else:
-            out.append(Attribution(key[0], key[1], method, info.service, info.name,
-                                   info.parent_span_id, info.start_ns, info.duration_ns, True,
-                                   m.cpu_ns, m.wall_ns, m.count, m.self_cpu, m.self_wall,
-                                   random_source(), m.incl_cpu, m.stack_cpu, m.stack_wall,
-                                   **m.extra()))
-    return out
