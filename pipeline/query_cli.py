@@ -16,12 +16,11 @@ import json
 import os
 import ssl
 import sys
-import urllib.error
 import urllib.parse
-import urllib.request
 from typing import Any
 
 from pipeline import why_text
+from pipeline.admin.client import request_json
 
 DEFAULT_ADMIN = os.environ.get("SPANPROF_ADMIN", "http://127.0.0.1:13133")
 # the CA that signed an https admin API's certificate (default: the system's store)
@@ -58,20 +57,9 @@ def _get(args: argparse.Namespace, path: str, params: dict[str, Any]) -> Any:
     headers = {"Authorization": f"Bearer {args.token}"} if args.token else {}
     if args.tenant:
         headers["X-Scope-OrgID"] = args.tenant
-    req = urllib.request.Request(url, headers=headers)
-    try:
-        with urllib.request.urlopen(req, timeout=30, context=context) as resp:
-            return json.loads(resp.read())
-    except urllib.error.HTTPError as err:
-        try:
-            msg = json.loads(err.read()).get("error", err.reason)
-        except ValueError:
-            msg = err.reason
-        raise SystemExit(f"error: {url}: {err.code} {msg}") from None
-    except (urllib.error.URLError, OSError) as err:
-        raise SystemExit(f"error: cannot reach the spanprof admin API at {args.admin} "
-                         f"({getattr(err, 'reason', err)}); is `spanprof run` running? "
-                         "Set --admin or SPANPROF_ADMIN.") from None
+    return request_json(url, headers=headers, context=context, unreachable=lambda reason: (
+        f"error: cannot reach the spanprof admin API at {args.admin} ({reason}); is "
+        "`spanprof run` running? Set --admin or SPANPROF_ADMIN."))
 
 
 def _ms(ns: int) -> str:

@@ -22,12 +22,11 @@ import os
 import ssl
 import sys
 import time
-import urllib.error
-import urllib.request
 from typing import Any
 
 import msgspec
 
+from pipeline.admin.client import request_json
 from pipeline.auth import TENANT_RE
 from pipeline.backfill import files, job, reattribute
 from pipeline.config import load_file
@@ -212,21 +211,10 @@ def _admin(args: argparse.Namespace, method: str, path: str,
         headers["Authorization"] = f"Bearer {token}"
     if args.tenant:
         headers["X-Scope-OrgID"] = args.tenant
-    req = urllib.request.Request(url, method=method, headers=headers,
-                                 data=json.dumps(body).encode() if body is not None else None)
-    try:
-        with urllib.request.urlopen(req, timeout=30, context=context) as resp:
-            return json.loads(resp.read())
-    except urllib.error.HTTPError as err:
-        try:
-            msg = json.loads(err.read()).get("error", err.reason)
-        except ValueError:
-            msg = err.reason
-        raise SystemExit(f"error: {url}: {err.code} {msg}") from None
-    except (urllib.error.URLError, OSError) as err:
-        raise SystemExit(f"error: the embedded store is in use, and no admin API answers "
-                         f"at {args.admin} ({getattr(err, 'reason', err)}); set --admin or "
-                         "SPANPROF_ADMIN") from None
+    return request_json(url, method=method, headers=headers, context=context, body=body,
+                        unreachable=lambda reason: (
+                            f"error: the embedded store is in use, and no admin API answers "
+                            f"at {args.admin} ({reason}); set --admin or SPANPROF_ADMIN"))
 
 
 def _kafka_source(args: argparse.Namespace, cfg: Any) -> job.Source:
