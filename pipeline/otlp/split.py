@@ -177,7 +177,7 @@ def split_profiles(req: ExportProfilesServiceRequest, rejected: Iterable[Path] =
     parts: dict[str, tuple[ExportProfilesServiceRequest, _Compactor]] = {}
     scopes: dict[tuple[str, int, int], Any] = {}
     profiles: dict[tuple[str, int, int, int], Any] = {}
-    first_key: dict[object, str] = {}
+    keys = MessageKeys(bucket_of)
     for ri, rp in enumerate(req.resource_profiles):
         for si, sp in enumerate(rp.scope_profiles):
             for pi, prof in enumerate(sp.profiles):
@@ -185,12 +185,11 @@ def split_profiles(req: ExportProfilesServiceRequest, rejected: Iterable[Path] =
                     continue
                 for sample in prof.samples:
                     li = sample.link_index
-                    key = bytes(d.link_table[li].trace_id).hex() if 0 < li < n_links else ""
-                    if not key.strip("0"):
-                        key = ""
-                    if bucket_of is not None and key:
-                        bucket = bucket_of(key)
-                        key = first_key.setdefault(bucket, key)
+                    tid = bytes(d.link_table[li].trace_id) if 0 < li < n_links else b""
+                    key = keys.known.get(tid)
+                    if key is None:  # a trace first met: hex and partition once, not per sample
+                        key = keys.new(tid) if tid.strip(b"\0") else ""
+                        keys.known[tid] = key
                     got = parts.get(key)
                     if got is None:
                         part = ExportProfilesServiceRequest()
