@@ -38,6 +38,9 @@ def source_id(origin: str) -> int:
 # row was 3.5% of the event loop's time at 10 k spans/s, the call releasing the GIL to the
 # writer's thread and waiting to get it back); 63 random bits per id, as before
 _ids = random.Random(os.urandom(32))
+# a forked child would otherwise draw the parent's sequence: the same ids twice, rows that a
+# ReplacingMergeTree then collapses (the random module reseeds only its own instance)
+os.register_at_fork(after_in_child=lambda: _ids.seed(os.urandom(32)))
 
 
 def random_source() -> int:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
+
 from pipeline.records import ProfileBatch, Sample, Span, SpanBatch, Stack
-from processors.correlate.messages import attribute_message, source_id
+from processors.correlate.messages import attribute_message, random_source, source_id
 
 T, S1, S2 = b"\x01" * 16, b"\x02" * 8, b"\x03" * 8
 
@@ -60,3 +62,18 @@ class TestAttributeMessage:
         span_lookup_add(seen, SpanBatch([Span(T, bytes([i]) * 8, b"", "x", 1, "svc", 0, 1)
                                          for i in range(20, 40)]), bound=10)
         assert len(seen) == 10 and S1 not in seen
+
+
+def test_a_forked_child_draws_other_row_ids() -> None:
+    """Row ids of in-memory state must never repeat: a child process must not replay its
+    parent's sequence (the same id twice would let ReplacingMergeTree collapse two rows)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        os.write(w, b" ".join(str(random_source()).encode() for _ in range(4)))
+        os._exit(0)
+    os.waitpid(pid, 0)
+    child = {int(x) for x in os.read(r, 1000).split()}
+    os.close(r)
+    os.close(w)
+    assert len(child) == 4 and child.isdisjoint(random_source() for _ in range(4))
