@@ -16,10 +16,8 @@ what narrows the read). A tenant with no rows, or a name no tenant has, gets not
 
 from __future__ import annotations
 
-import re
 from typing import Any, Protocol
 
-HEX32 = re.compile(r"^[0-9a-f]{32}$")
 TOP_FUNCTIONS = 5
 
 
