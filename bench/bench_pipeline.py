@@ -121,6 +121,14 @@ def insert_stats(logs: str) -> dict[str, tuple[int, int, int]]:
     return out
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) the process has used so far, all its threads (the
+    embedded engine's included)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--spans", type=int, default=100_000)
@@ -143,8 +151,12 @@ def main() -> None:
         p = SpanprofProcess(Path(tmp), grace="1s", exporter_extra=extra)
         p.start()
         try:
+            assert p.proc is not None
+            c0 = cpu_seconds(p.proc.pid)
             t_spans = blast(p.grpc_target, TRACE, treqs, args.concurrency)
+            c1 = cpu_seconds(p.proc.pid)
             t_samples = blast(p.grpc_target, PROFILES, preqs, args.concurrency)
+            c2 = cpu_seconds(p.proc.pid)
             t0 = time.perf_counter()
             rc = p.stop(signal.SIGTERM, timeout=600)
             t_stop = time.perf_counter() - t0
@@ -169,6 +181,11 @@ def main() -> None:
           f"   ({args.spans_per_request}/request, acknowledged = durable)")
     print(f"  samples  {args.samples:>9} in {t_samples:6.2f}s  -> "
           f"{args.samples / t_samples:>10,.0f} samples/s ({args.samples_per_request}/request)")
+    # CPU per item is steadier than a rate on a shared machine: what the process spent
+    # (every thread, the engine's included) while each load was sent and acknowledged
+    print(f"  process CPU: {1e6 * (c1 - c0) / args.spans:.1f} us per span "
+          f"({(c1 - c0) / t_spans:.2f} cores busy), {1e6 * (c2 - c1) / args.samples:.1f} us "
+          f"per sample ({(c2 - c1) / t_samples:.2f} cores busy)")
     print(f"  drain on SIGTERM (correlator flush + final inserts): {t_stop:.2f}s")
     total = t_spans + t_samples + t_stop
     print(f"  end to end, drain included: {args.spans / total:,.0f} spans/s with "

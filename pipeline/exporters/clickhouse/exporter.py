@@ -294,7 +294,12 @@ class ClickHouseExporter:
             tables = rows.profiles(batch, skip)
             stacks = {(batch.tenant, sid) for sid in batch.stacks if sid not in skip}
         elif isinstance(batch, AttributionBatch):
-            tables = rows.attributions(batch)
+            # a flush of the correlator can report thousands of spans: their rows are
+            # built a slice at a time, letting the receivers' requests in between
+            tables = {}
+            for part in rows.attribution_slices(batch):
+                rows.extend(tables, part)
+                await asyncio.sleep(0)
         else:
             raise TypeError(type(batch))
         n = sum(len(next(iter(c.values()), [])) for c in tables.values())

@@ -6,6 +6,11 @@ migration 11): a batch is always of one tenant.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any
+
+import msgspec
+
 from pipeline.records import AttributionBatch, ProfileBatch, SpanBatch
 
 Columns = dict[str, list[object]]
@@ -70,11 +75,6 @@ def _request_ids(runs: list[tuple[int, int]], n: int) -> list[object]:
     for rid, count in runs:
         out.extend([rid] * count)
     return out if len(out) == n else [0] * n  # runs that do not add up are not trusted
-
-
-def _columns(names: list[str], rows: list[tuple[object, ...]]) -> Columns:
-    """Rows (tuples in ``names``' order) -> columns."""
-    return {name: list(col) for name, col in zip(names, zip(*rows, strict=True), strict=True)}
 
 
 def _kind(k: int) -> str:
@@ -153,23 +153,59 @@ def profiles(batch: ProfileBatch, skip_stacks: set[int] | frozenset[int] = froze
     return out
 
 
+# spans turned into rows at a time: the exporter lets the event loop run between two
+# slices of a large batch (the correlator's reports), about 3 ms each
+SLICE = 1000
+
+
+def attribution_slices(batch: AttributionBatch) -> Iterator[dict[str, Columns]]:
+    """``attributions(batch)`` in parts of ``SLICE`` spans (the unattributed CPU with the
+    first): their rows, in order, are the whole batch's."""
+    items = batch.attributions
+    for lo in range(0, max(1, len(items)), SLICE):
+        yield attributions(msgspec.structs.replace(
+            batch, attributions=items[lo:lo + SLICE],
+            unattributed=batch.unattributed if lo == 0 else []))
+
+
+def _at(col: list[Any], index: list[int]) -> list[Any]:
+    """``col``'s values at ``index``: a span's value repeated on each of its rows."""
+    return list(map(col.__getitem__, index))
+
+
 def attributions(batch: AttributionBatch) -> dict[str, Columns]:
+    """A span's row, its rows per function (``span_functions``) and per stack
+    (``span_stacks``) where it has CPU or wall time, lock wait or allocations there.
+
+    Built column by column: the values a span's function and stack rows repeat (ids,
+    service, operation, minute...) are gathered by the index of their span in one C-level
+    pass per column, not copied into a tuple per row (half the time: the exporter builds
+    these on the event loop, for every span the correlator reports)."""
     rows = batch.attributions
     tenant = batch.tenant
     out: dict[str, Columns] = {}
     if rows:
+        tids: list[Any] = [a.trace_id.hex() for a in rows]
+        sids: list[Any] = [a.span_id.hex() for a in rows]
+        methods: list[Any] = [a.method for a in rows]
+        sources: list[Any] = [a.source for a in rows]
+        services: list[Any] = [a.service for a in rows]
+        names: list[Any] = [a.name for a in rows]
+        starts: list[Any] = [a.start_ns for a in rows]
+        durations: list[Any] = [a.duration_ns for a in rows]
+        known: list[Any] = [int(a.span_known) for a in rows]
         out["span_attribution"] = {
             "tenant": [tenant] * len(rows),
-            "trace_id": [a.trace_id.hex() for a in rows],
-            "span_id": [a.span_id.hex() for a in rows],
-            "method": [a.method for a in rows],
-            "source": [a.source for a in rows],
-            "service": [a.service for a in rows],
-            "name": [a.name for a in rows],
+            "trace_id": tids,
+            "span_id": sids,
+            "method": methods,
+            "source": sources,
+            "service": services,
+            "name": names,
             "parent_span_id": [a.parent_span_id.hex() for a in rows],
-            "start_time": [a.start_ns for a in rows],
-            "duration_ns": [a.duration_ns for a in rows],
-            "span_known": [int(a.span_known) for a in rows],
+            "start_time": starts,
+            "duration_ns": durations,
+            "span_known": known,
             "cpu_ns": [a.cpu_ns for a in rows],
             "wall_ns": [a.wall_ns for a in rows],
             "sample_count": [a.sample_count for a in rows],
@@ -177,35 +213,83 @@ def attributions(batch: AttributionBatch) -> dict[str, Columns]:
             "lock_ns": [a.lock_ns for a in rows],
             "alloc_bytes": [a.alloc_bytes for a in rows],
         }
-        fn: list[tuple[object, ...]] = []
-        sk: list[tuple[object, ...]] = []
-        for a in rows:
-            sc, sw, kc, kw = a.self_cpu_ns, a.self_wall_ns, a.stack_cpu_ns, a.stack_wall_ns
-            sl, sa = a.self_lock_ns, a.self_alloc_bytes
-            if not (sc or sw or kc or kw or sl or sa):
-                continue
-            tid, sid, method, source = a.trace_id.hex(), a.span_id.hex(), a.method, a.source
-            svc, op = a.service, a.name
-            minute = a.start_ns // 1_000_000_000 // 60 * 60
-            known, dur = int(a.span_known), a.duration_ns  # the span's (migration 13)
-            # one row per function / stack, its CPU and wall time (most spans have only one)
-            if not (sw or sl or sa):
-                fn.extend((tenant, tid, sid, method, name, source, v, 0, svc, op, minute, known,
-                           dur, 0, 0) for name, v in sc.items())
-            else:
-                fn.extend((tenant, tid, sid, method, name, source, sc.get(name, 0), sw.get(name, 0),
-                           svc, op, minute, known, dur, sl.get(name, 0), sa.get(name, 0))
-                          for name in sc.keys() | sw.keys() | sl.keys() | sa.keys())
-            if not kw:
-                sk.extend((tenant, tid, sid, method, st, source, svc, op, minute, known, v, 0,
-                           dur) for st, v in kc.items())
-            else:
-                sk.extend((tenant, tid, sid, method, st, source, svc, op, minute, known,
-                           kc.get(st, 0), kw.get(st, 0), dur) for st in kc.keys() | kw.keys())
-        if fn:
-            out["span_functions"] = _columns(FUNCTIONS_COLUMNS, fn)
-        if sk:
-            out["span_stacks"] = _columns(SPAN_STACKS_COLUMNS, sk)
+        # per function / stack row: the index of its span, and its own values
+        f_at: list[int] = []
+        f_name: list[Any] = []
+        f_cpu: list[Any] = []
+        f_wall: list[Any] = []
+        f_lock: list[Any] = []
+        f_alloc: list[Any] = []
+        s_at: list[int] = []
+        s_id: list[Any] = []
+        s_cpu: list[Any] = []
+        s_wall: list[Any] = []
+        for i, a in enumerate(rows):
+            sc, sw, sl, sa = a.self_cpu_ns, a.self_wall_ns, a.self_lock_ns, a.self_alloc_bytes
+            # one row per function (most spans have one or two), CPU only the usual case
+            if sw or sl or sa:
+                fns = sc.keys() | sw.keys() | sl.keys() | sa.keys()
+                f_at += [i] * len(fns)
+                f_name += fns
+                f_cpu += [sc.get(k, 0) for k in fns]
+                f_wall += [sw.get(k, 0) for k in fns]
+                f_lock += [sl.get(k, 0) for k in fns]
+                f_alloc += [sa.get(k, 0) for k in fns]
+            elif sc:
+                zeros = [0] * len(sc)
+                f_at += [i] * len(sc)
+                f_name += sc
+                f_cpu += sc.values()
+                f_wall += zeros
+                f_lock += zeros
+                f_alloc += zeros
+            kc, kw = a.stack_cpu_ns, a.stack_wall_ns
+            if kw:
+                stacks = kc.keys() | kw.keys()
+                s_at += [i] * len(stacks)
+                s_id += stacks
+                s_cpu += [kc.get(k, 0) for k in stacks]
+                s_wall += [kw.get(k, 0) for k in stacks]
+            elif kc:
+                s_at += [i] * len(kc)
+                s_id += kc
+                s_cpu += kc.values()
+                s_wall += [0] * len(kc)
+        minutes = [s // 1_000_000_000 // 60 * 60 for s in starts] if f_at or s_at else []
+        if f_at:
+            out["span_functions"] = {
+                "tenant": [tenant] * len(f_at),
+                "trace_id": _at(tids, f_at),
+                "span_id": _at(sids, f_at),
+                "method": _at(methods, f_at),
+                "function": f_name,
+                "source": _at(sources, f_at),
+                "self_cpu_ns": f_cpu,
+                "self_wall_ns": f_wall,
+                "service": _at(services, f_at),
+                "operation": _at(names, f_at),
+                "minute": _at(minutes, f_at),
+                "span_known": _at(known, f_at),  # the span's (migration 13)
+                "duration_ns": _at(durations, f_at),
+                "self_lock_ns": f_lock,
+                "self_alloc_bytes": f_alloc,
+            }
+        if s_at:
+            out["span_stacks"] = {
+                "tenant": [tenant] * len(s_at),
+                "trace_id": _at(tids, s_at),
+                "span_id": _at(sids, s_at),
+                "method": _at(methods, s_at),
+                "stack_id": s_id,
+                "source": _at(sources, s_at),
+                "service": _at(services, s_at),
+                "operation": _at(names, s_at),
+                "minute": _at(minutes, s_at),
+                "span_known": _at(known, s_at),
+                "cpu_ns": s_cpu,
+                "wall_ns": s_wall,
+                "duration_ns": _at(durations, s_at),
+            }
     if batch.unattributed:
         u = batch.unattributed
         out["unattributed_cpu"] = {
