@@ -68,7 +68,12 @@ def _json(v: Any) -> str:
 
 
 def attributes_dict(kvs: Iterable[Any]) -> dict[str, str]:
-    return {kv.key: any_value_str(kv.value) for kv in kvs}
+    out = {}
+    for kv in kvs:  # a string value (most) without a call
+        v = kv.value
+        out[kv.key] = v.string_value if v.WhichOneof("value") == "string_value" \
+            else any_value_str(v)
+    return out
 
 
 def service_name(resource_attributes: dict[str, str]) -> str:

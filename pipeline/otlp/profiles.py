@@ -210,10 +210,16 @@ def _decode_profile(d: Dictionary, prof: Any, service: str, pid: int = 0,
                     raise Invalid(f"{len(stamps)} timestamps take the request over "
                                   f"{max_records} sample records")
                 _check_instants(values, stamps, kind)
+            elif len(values) == 1:  # the usual sample: read without iterating
+                raw = values[0]
+                if raw < 0:
+                    raise Invalid(f"negative value {raw}")
             elif not values:
                 continue  # an empty sample carries nothing
             elif min(values) < 0:
                 raise Invalid(f"negative value {min(values)}")
+            else:
+                raw = sum(values)
         except (Invalid, StackRefused) as err:
             raise Invalid(f"samples[{k}]: {err}") from None
         thread_id = where.thread_id or whole.thread_id
@@ -222,7 +228,6 @@ def _decode_profile(d: Dictionary, prof: Any, service: str, pid: int = 0,
             _instants(out, values, stamps, kind, (trace_id, span_id, service, stack_id),
                       (type_s, unit_s, thread_id, thread_name, where.span_name, pid, host))
             continue
-        raw = sum(values)
         if raw == 0:
             continue  # a zero sample carries nothing
         value = raw * per_value

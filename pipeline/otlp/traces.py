@@ -35,43 +35,44 @@ def decode_traces(req: ExportTraceServiceRequest, records: bool = True,
     if not records:
         return _validate(req, wire)
     spans: list[Span] = []
+    append = spans.append
     refused = Rejections()
     for ri, rs in enumerate(req.resource_spans):
         res_attrs = attributes_dict(rs.resource.attributes)
         service = service_name(res_attrs)
         for si, ss in enumerate(rs.scope_spans):
-            scope_name, scope_version = ss.scope.name, ss.scope.version
+            scope = ss.scope
+            scope_name, scope_version = scope.name, scope.version
             for pi, s in enumerate(ss.spans):
-                problem = _check_ids(s.trace_id, s.span_id, s.parent_span_id)
-                if problem is None:
-                    problem = _check_times(s)
-                if problem is None and s.links:
-                    problem = _check_links(s.links)
-                if problem is not None:
-                    refused.add((ri, si, pi),
-                                f"resource_spans[{ri}].scope_spans[{si}].spans[{pi}]", problem)
-                    continue
-                spans.append(Span(
-                    trace_id=bytes(s.trace_id),
-                    span_id=bytes(s.span_id),
-                    parent_span_id=b"" if is_zero(s.parent_span_id) else bytes(s.parent_span_id),
-                    name=s.name,
-                    kind=int(s.kind),
-                    service=service,
-                    start_ns=int(s.start_time_unix_nano),
-                    end_ns=int(s.end_time_unix_nano),
-                    status_code=int(s.status.code),
-                    status_message=s.status.message,
-                    trace_state=s.trace_state,
-                    scope_name=scope_name,
-                    scope_version=scope_version,
-                    resource_attributes=res_attrs,
-                    attributes=attributes_dict(s.attributes),
-                    events=[SpanEvent(int(e.time_unix_nano), e.name, attributes_dict(e.attributes))
-                            for e in s.events],
-                    links=[SpanLink(bytes(lk.trace_id), bytes(lk.span_id), lk.trace_state,
-                                    attributes_dict(lk.attributes)) for lk in s.links],
-                ))
+                # each field read once (a upb read builds its value anew); the common span
+                # is checked in one test, as in _validate, the rest names its problem
+                tid, sid, parent = s.trace_id, s.span_id, s.parent_span_id
+                start, end = s.start_time_unix_nano, s.end_time_unix_nano
+                events, links = s.events, s.links
+                if not (len(tid) == 16 and len(sid) == 8 and tid != ZERO_TRACE
+                        and sid != ZERO_SPAN and len(parent) in (0, 8)
+                        and start <= end < TIME_MAX_NS and not events and not links):
+                    problem = _check_ids(tid, sid, parent)
+                    if problem is None:
+                        problem = _check_times(s)
+                    if problem is None and links:
+                        problem = _check_links(links)
+                    if problem is not None:
+                        refused.add((ri, si, pi),
+                                    f"resource_spans[{ri}].scope_spans[{si}].spans[{pi}]",
+                                    problem)
+                        continue
+                status = s.status
+                attrs = s.attributes
+                # positional: Span's field order (records.py)
+                append(Span(
+                    tid, sid, b"" if parent == ZERO_SPAN else parent, s.name, s.kind, service,
+                    start, end, status.code, status.message, s.trace_state, scope_name,
+                    scope_version, res_attrs, attributes_dict(attrs) if attrs else {},
+                    [SpanEvent(e.time_unix_nano, e.name, attributes_dict(e.attributes))
+                     for e in events] if events else [],
+                    [SpanLink(lk.trace_id, lk.span_id, lk.trace_state,
+                              attributes_dict(lk.attributes)) for lk in links] if links else []))
     return Decoded(SpanBatch(spans, sources=[(req, refused.paths)]), refused.count,
                    refused.message)
 

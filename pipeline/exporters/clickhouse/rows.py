@@ -20,6 +20,8 @@ StackKey = tuple[str, int]
 # pdata's SpanKind.String() / StatusCode.String(), as the Collector exporter writes them
 SPAN_KINDS = ["Unspecified", "Internal", "Server", "Client", "Producer", "Consumer"]
 STATUS_CODES = ["Unset", "Ok", "Error"]
+KIND_NAMES = dict(enumerate(SPAN_KINDS))  # any other value: "Unspecified"
+STATUS_NAMES = dict(enumerate(STATUS_CODES))  # any other value: "Unset"
 
 TRACES_COLUMNS = [
     "tenant", "Timestamp", "TraceId", "SpanId", "ParentSpanId", "TraceState", "SpanName",
@@ -77,16 +79,13 @@ def _request_ids(runs: list[tuple[int, int]], n: int) -> list[object]:
     return out if len(out) == n else [0] * n  # runs that do not add up are not trusted
 
 
-def _kind(k: int) -> str:
-    return SPAN_KINDS[k] if 0 <= k < len(SPAN_KINDS) else "Unspecified"
-
-
-def _status(c: int) -> str:
-    return STATUS_CODES[c] if 0 <= c < len(STATUS_CODES) else "Unset"
-
-
 def traces(batch: SpanBatch) -> dict[str, Columns]:
     spans = batch.spans
+    kinds, statuses = KIND_NAMES, STATUS_NAMES
+    # most spans have no events nor links: their seven nested columns are then [] each,
+    # without a comprehension per span and column
+    events = [s.events for s in spans]
+    links = [s.links for s in spans]
     cols: Columns = {
         "tenant": [batch.tenant] * len(spans),
         "Timestamp": [s.start_ns for s in spans],
@@ -95,22 +94,22 @@ def traces(batch: SpanBatch) -> dict[str, Columns]:
         "ParentSpanId": [s.parent_span_id.hex() for s in spans],
         "TraceState": [s.trace_state for s in spans],
         "SpanName": [s.name for s in spans],
-        "SpanKind": [_kind(s.kind) for s in spans],
+        "SpanKind": [kinds.get(s.kind, "Unspecified") for s in spans],
         "ServiceName": [s.service for s in spans],
         "ResourceAttributes": [s.resource_attributes for s in spans],
         "ScopeName": [s.scope_name for s in spans],
         "ScopeVersion": [s.scope_version for s in spans],
         "SpanAttributes": [s.attributes for s in spans],
         "Duration": [s.duration_ns for s in spans],
-        "StatusCode": [_status(s.status_code) for s in spans],
+        "StatusCode": [statuses.get(s.status_code, "Unset") for s in spans],
         "StatusMessage": [s.status_message for s in spans],
-        "Events.Timestamp": [[e.time_ns for e in s.events] for s in spans],
-        "Events.Name": [[e.name for e in s.events] for s in spans],
-        "Events.Attributes": [[e.attributes for e in s.events] for s in spans],
-        "Links.TraceId": [[lk.trace_id.hex() for lk in s.links] for s in spans],
-        "Links.SpanId": [[lk.span_id.hex() for lk in s.links] for s in spans],
-        "Links.TraceState": [[lk.trace_state for lk in s.links] for s in spans],
-        "Links.Attributes": [[lk.attributes for lk in s.links] for s in spans],
+        "Events.Timestamp": [[e.time_ns for e in es] if es else [] for es in events],
+        "Events.Name": [[e.name for e in es] if es else [] for es in events],
+        "Events.Attributes": [[e.attributes for e in es] if es else [] for es in events],
+        "Links.TraceId": [[lk.trace_id.hex() for lk in ls] if ls else [] for ls in links],
+        "Links.SpanId": [[lk.span_id.hex() for lk in ls] if ls else [] for ls in links],
+        "Links.TraceState": [[lk.trace_state for lk in ls] if ls else [] for ls in links],
+        "Links.Attributes": [[lk.attributes for lk in ls] if ls else [] for ls in links],
         "request": _request_ids(batch.requests, len(spans)),
     }
     return {"otel_traces": cols}
