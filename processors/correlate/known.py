@@ -36,11 +36,18 @@ class KnownSpans:
         if tree is None:
             tree = self.trees[key[0]] = Tree()
         tree.add(key[1], info)
-        first = info.start_ns // SLOT_NS
-        last = min(max(first, (info.end_ns - 1) // SLOT_NS), first + MAX_SLOTS - 1)
+        start = info.start_ns
+        first = start // SLOT_NS
+        last = min(max(first, (start + info.duration_ns - 1) // SLOT_NS),
+                   first + MAX_SLOTS - 1)
         self._span_bytes += span_cost(info, last - first + 1)
+        slots, service = self.slots, info.service
         for slot in range(first, last + 1):
-            self.slots.setdefault((info.service, slot), {})[key] = None
+            keys = slots.get((service, slot))
+            if keys is None:
+                slots[(service, slot)] = {key: None}
+            else:
+                keys[key] = None
 
     def _forget(self, key: Key, info: SpanInfo) -> None:
         if self.trace_of.get(key[1]) == key[0]:

@@ -65,8 +65,8 @@ class Stats:
     evicted: int = 0  # entries reported before their window: max_entries or max_bytes
 
 
-def _int_attr(attrs: dict[str, str], key: str) -> int:
-    v = attrs.get(key, "")
+def _int_attr(v: str) -> int:
+    """An attribute's value as a number (thread.id, process.pid); 0 when it is not one."""
     return int(v) if v.isdigit() else 0
 
 
@@ -119,10 +119,13 @@ class CorrelatorState(Windows):
             if key in self.spans or key in self.emitted:
                 self.stats.spans_duplicate += 1  # a retried export: the first copy stands
                 continue
-            info = SpanInfo(s.service, s.name, s.parent_span_id, s.start_ns, s.duration_ns,
-                             _int_attr(s.attributes, "thread.id"),
-                             _int_attr(s.resource_attributes, "process.pid"),
-                             s.resource_attributes.get("host.name", ""))
+            res, start = s.resource_attributes, s.start_ns
+            thread = s.attributes.get("thread.id")
+            pid = res.get("process.pid")
+            info = SpanInfo(s.service, s.name, s.parent_span_id, start,
+                            max(0, s.end_ns - start),  # Span.duration_ns, without the call
+                            _int_attr(thread) if thread else 0,
+                            _int_attr(pid) if pid else 0, res.get("host.name", ""))
             orphan = self.orphans.pop(key, None)
             span_only = self.orphans.pop((b"", s.span_id), None)
             if span_only is not None:  # its samples came first, labelled by span id alone
