@@ -75,7 +75,7 @@ class Tree:
         the labelled span's service below it (and the span itself, first) with its self
         time, its duration less the union of its same-service children's (clipped to it).
         Empty where the span has no such child: the sample stays on its label."""
-        if not self.children(span_id):
+        if len(self.spans) == 1 or not self.children(span_id):
             return ()  # a leaf (half the spans of any tree, a trace's only one): nothing below
         if self._shares is None:
             self._shares = {}

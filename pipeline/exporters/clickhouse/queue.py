@@ -38,11 +38,11 @@ from pipeline.exporters.clickhouse.queue_log import (
     DATA,
     DONE,
     GROUP,
+    PREFIX,
     Group,
     QueueError,
     Record,
     Segment,
-    encode,
     record,
     segment_path,
 )
@@ -156,8 +156,8 @@ class SendingQueue:
         self._offset = 0
         self._segments.append(Segment(number, path))
 
-    def _append(self, kind: int, payload: bytes) -> int:
-        rec = record(kind, payload)
+    def _append(self, rec: bytearray) -> int:
+        """Write a record (``queue_log.record``); its size."""
         if self._offset + len(rec) > SEGMENT_BYTES and self._offset > 0:
             self._new_segment()
         try:
@@ -192,17 +192,17 @@ class SendingQueue:
         crash). ``Retryable`` when the queue is full or the disk refuses."""
         if self._closing:
             raise Retryable("clickhouse sending queue: shutting down")
-        payload = encode([self._next_seq, token, rows, sorted(stacks), tables])
-        if len(payload) > MAX_RECORD_BYTES:
+        framed = record(DATA, [self._next_seq, token, rows, sorted(stacks), tables])
+        if len(framed) - PREFIX > MAX_RECORD_BYTES:
             raise Retryable("clickhouse sending queue: batch too large to log", retry_after=1.0)
-        if self._records and self.waiting_bytes + len(payload) > self.max_bytes:
+        if self._records and self.waiting_bytes + len(framed) - PREFIX > self.max_bytes:
             self.metric("queue_refused_rows", rows)
             raise Retryable(f"clickhouse sending queue is full ({self.waiting_bytes >> 20} MiB "
                             f"waiting, sending_queue.max_mib={self.max_bytes >> 20})",
                             retry_after=2.0)
         seq = self._next_seq
         try:
-            size = self._append(DATA, payload)
+            size = self._append(framed)
         except OSError as err:
             self.metric("queue_refused_rows", rows)
             raise Retryable(f"clickhouse sending queue: cannot write {self.directory}: "
@@ -250,7 +250,7 @@ class SendingQueue:
             rows += r.rows
         first = self._records[seqs[0]]
         token = first.token or f"q{os.urandom(8).hex()}-{self._next_gid}"
-        self._append(GROUP, encode([self._next_gid, seqs, token]))
+        self._append(record(GROUP, [self._next_gid, seqs, token]))
         g = Group(self._next_gid, seqs, token, self._segments[-1].number)
         self._next_gid += 1
         self._segments[-1].pending += 1
@@ -313,7 +313,7 @@ class SendingQueue:
                         pass
             self._groups.pop(0)
             try:
-                self._append(DONE, encode(g.gid))
+                self._append(record(DONE, g.gid))
             except OSError as err:  # a lost DONE only costs a deduplicated insert later
                 self.log.warning("queue_write_failed", error=str(err), directory=self.directory)
             self._segment(g.segment).pending -= 1

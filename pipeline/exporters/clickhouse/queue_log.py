@@ -32,13 +32,19 @@ _enc = msgspec.msgpack.Encoder()
 _dec = msgspec.msgpack.Decoder()
 
 
-def encode(obj: Any) -> bytes:
-    return _enc.encode(obj)
+PREFIX = HEADER.size + 1  # a record's bytes before its payload: header and kind
 
 
-def record(kind: int, payload: bytes) -> bytes:
-    body = bytes([kind]) + payload
-    return HEADER.pack(len(body), zlib.crc32(body)) + body
+def record(kind: int, obj: Any) -> bytearray:
+    """The record of ``obj`` (msgpack) as written: encoded once, in place after room for
+    its header and kind (a correlator's report is megabytes: no copy of it is made)."""
+    buf = bytearray(PREFIX)
+    _enc.encode_into(obj, buf, PREFIX)
+    buf[HEADER.size] = kind
+    body = memoryview(buf)[HEADER.size:]
+    HEADER.pack_into(buf, 0, len(body), zlib.crc32(body))
+    body.release()
+    return buf
 
 
 def segments(directory: str) -> list[tuple[int, str]]:
