@@ -59,6 +59,11 @@ class M(msgspec.Struct, gc=False):
                 "self_lock_ns": self.self_lock or {}, "self_alloc_bytes": self.self_alloc or {}}
 
 
+def _m_items(m: M) -> int:
+    return (METHOD_ITEMS + len(m.self_cpu) + len(m.self_wall) + len(m.stack_cpu)
+            + len(m.stack_wall) + len(m.self_lock or ()) + len(m.self_alloc or ()))
+
+
 class Acc(msgspec.Struct, gc=False):
     """CPU and wall time joined to one span since it was last reported, per method.
 
@@ -90,9 +95,9 @@ class Acc(msgspec.Struct, gc=False):
 
     def items(self) -> int:
         """Size in ``ITEM_BYTES``: methods and their function and stack entries."""
-        return sum(METHOD_ITEMS + len(m.self_cpu) + len(m.self_wall) + len(m.stack_cpu)
-                   + len(m.stack_wall) + len(m.self_lock or ()) + len(m.self_alloc or ())
-                   for _, m in self.methods())
+        if self.others is None:  # the usual: the link method only, or nothing yet
+            return 0 if self.link is None else _m_items(self.link)
+        return sum(_m_items(m) for _, m in self.methods())
 
     def add(self, method: str, measure: str, value: int, count: int, leaf: str | None,
             stack: int = 0) -> int:
