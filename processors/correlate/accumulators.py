@@ -12,11 +12,9 @@ Each accumulator knows its size in items (``ITEM_BYTES`` each), which the memory
 
 from __future__ import annotations
 
-from typing import Any
-
 import msgspec
 
-from pipeline.records import ProfileBatch, Sample
+from pipeline.records import Attribution, ProfileBatch, Sample
 from processors.correlate.sizes import METHOD_ITEMS
 
 Key = tuple[bytes, bytes]  # (trace_id, span_id)
@@ -53,10 +51,15 @@ class M(msgspec.Struct, gc=False):
         return bool(self.cpu_ns or self.wall_ns or self.count or self.incl_cpu
                     or self.lock_ns or self.alloc_bytes)
 
-    def extra(self) -> dict[str, Any]:
-        """Attribution's lock and allocation fields, as keyword arguments."""
-        return {"lock_ns": self.lock_ns, "alloc_bytes": self.alloc_bytes,
-                "self_lock_ns": self.self_lock or {}, "self_alloc_bytes": self.self_alloc or {}}
+
+def attribution(trace_id: bytes, span_id: bytes, method: str, service: str, name: str,
+                parent_span_id: bytes, start_ns: int, duration_ns: int, span_known: bool,
+                m: M, source: int) -> Attribution:
+    """The row of what ``m`` joined to a span (positional: Attribution's field order)."""
+    return Attribution(trace_id, span_id, method, service, name, parent_span_id, start_ns,
+                       duration_ns, span_known, m.cpu_ns, m.wall_ns, m.count, m.self_cpu,
+                       m.self_wall, source, m.incl_cpu, m.stack_cpu, m.stack_wall, m.lock_ns,
+                       m.alloc_bytes, m.self_lock or {}, m.self_alloc or {})
 
 
 def _m_items(m: M) -> int:

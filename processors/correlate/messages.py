@@ -22,7 +22,7 @@ from pipeline.records import (
     SpanBatch,
     Unattributed,
 )
-from processors.correlate.accumulators import LINK, MINUTE_NS, Key, M, add, leaf_of
+from processors.correlate.accumulators import LINK, MINUTE_NS, Key, M, add, attribution, leaf_of
 from processors.correlate.spans import SpanInfo
 
 
@@ -124,15 +124,12 @@ def attribute_message(batch: SpanBatch | ProfileBatch, source: int,
         known = spans.get(k[1]) if spans is not None and k[0] else None
         if known is not None and known[0] == k[0]:
             tid, info = known
-            rows.append(Attribution(tid, k[1], LINK, info.service, info.name,
+            rows.append(attribution(tid, k[1], LINK, info.service, info.name,
                                     info.parent_span_id, info.start_ns, info.duration_ns,
-                                    True, m.cpu_ns, m.wall_ns, m.count, m.self_cpu,
-                                    m.self_wall, source, m.incl_cpu, m.stack_cpu,
-                                    m.stack_wall, **m.extra()))
+                                    True, m, source))
         else:
-            rows.append(Attribution(k[0], k[1], LINK, services[k], "", b"", 0, 0, False,
-                                    m.cpu_ns, m.wall_ns, m.count, m.self_cpu, m.self_wall,
-                                    source, m.incl_cpu, m.stack_cpu, m.stack_wall, **m.extra()))
+            rows.append(attribution(k[0], k[1], LINK, services[k], "", b"", 0, 0, False, m,
+                                    source))
     return AttributionBatch(
         rows,
         [Unattributed(svc, minute, m.cpu_ns, m.wall_ns, m.count, source)

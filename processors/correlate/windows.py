@@ -30,7 +30,7 @@ import heapq
 from collections import deque
 
 from pipeline.records import Attribution, AttributionBatch, Sample, Unattributed
-from processors.correlate.accumulators import LINK, Acc, Key, add
+from processors.correlate.accumulators import LINK, Acc, Key, add, attribution
 from processors.correlate.messages import random_source
 from processors.correlate.sizes import ACC_BYTES, ITEM_BYTES, SAMPLE_BYTES
 from processors.correlate.skew import Skew
@@ -239,18 +239,11 @@ def _rows(key: Key, info: SpanInfo | None, acc: Acc) -> list[Attribution]:
     for method, m in acc.methods():
         if not m.any():
             continue
-        # positional, in Attribution's field order (the lock and allocation fields last)
         if info is None:
-            out.append(Attribution(key[0], key[1], method, acc.service, "", b"", 0, 0, False,
-                                   m.cpu_ns, m.wall_ns, m.count, m.self_cpu, m.self_wall,
-                                   random_source(), m.incl_cpu, m.stack_cpu, m.stack_wall,
-                                   m.lock_ns, m.alloc_bytes, m.self_lock or {},
-                                   m.self_alloc or {}))
+            out.append(attribution(key[0], key[1], method, acc.service, "", b"", 0, 0, False, m,
+                                   random_source()))
         else:
-            out.append(Attribution(key[0], key[1], method, info.service, info.name,
-                                   info.parent_span_id, info.start_ns, info.duration_ns, True,
-                                   m.cpu_ns, m.wall_ns, m.count, m.self_cpu, m.self_wall,
-                                   random_source(), m.incl_cpu, m.stack_cpu, m.stack_wall,
-                                   m.lock_ns, m.alloc_bytes, m.self_lock or {},
-                                   m.self_alloc or {}))
+            out.append(attribution(key[0], key[1], method, info.service, info.name,
+                                   info.parent_span_id, info.start_ns, info.duration_ns, True, m,
+                                   random_source()))
     return out
