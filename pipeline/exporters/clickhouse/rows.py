@@ -189,7 +189,7 @@ def attributions(batch: AttributionBatch) -> dict[str, Columns]:
         methods: list[Any] = [a.method for a in rows]
         sources: list[Any] = [a.source for a in rows]
         services: list[Any] = [a.service for a in rows]
-        names: list[Any] = [a.name for a in rows]
+        operations: list[Any] = [a.name for a in rows]
         starts: list[Any] = [a.start_ns for a in rows]
         durations: list[Any] = [a.duration_ns for a in rows]
         known: list[Any] = [int(a.span_known) for a in rows]
@@ -200,7 +200,7 @@ def attributions(batch: AttributionBatch) -> dict[str, Columns]:
             "method": methods,
             "source": sources,
             "service": services,
-            "name": names,
+            "name": operations,
             "parent_span_id": [a.parent_span_id.hex() for a in rows],
             "start_time": starts,
             "duration_ns": durations,
@@ -255,40 +255,25 @@ def attributions(batch: AttributionBatch) -> dict[str, Columns]:
                 s_cpu += kc.values()
                 s_wall += [0] * len(kc)
         minutes = [s // 1_000_000_000 // 60 * 60 for s in starts] if f_at or s_at else []
+
+        def per_row(index: list[int], own: Columns, columns: list[str]) -> Columns:
+            """A table's columns: the row's own values, and its span's repeated on it."""
+            span: Columns = {
+                "tenant": [tenant] * len(index), "trace_id": _at(tids, index),
+                "span_id": _at(sids, index), "method": _at(methods, index),
+                "source": _at(sources, index), "service": _at(services, index),
+                "operation": _at(operations, index), "minute": _at(minutes, index),
+                "span_known": _at(known, index),  # the span's (migration 13)
+                "duration_ns": _at(durations, index)}
+            return {c: own[c] if c in own else span[c] for c in columns}
+
         if f_at:
-            out["span_functions"] = {
-                "tenant": [tenant] * len(f_at),
-                "trace_id": _at(tids, f_at),
-                "span_id": _at(sids, f_at),
-                "method": _at(methods, f_at),
-                "function": f_name,
-                "source": _at(sources, f_at),
-                "self_cpu_ns": f_cpu,
-                "self_wall_ns": f_wall,
-                "service": _at(services, f_at),
-                "operation": _at(names, f_at),
-                "minute": _at(minutes, f_at),
-                "span_known": _at(known, f_at),  # the span's (migration 13)
-                "duration_ns": _at(durations, f_at),
-                "self_lock_ns": f_lock,
-                "self_alloc_bytes": f_alloc,
-            }
+            out["span_functions"] = per_row(f_at, {
+                "function": f_name, "self_cpu_ns": f_cpu, "self_wall_ns": f_wall,
+                "self_lock_ns": f_lock, "self_alloc_bytes": f_alloc}, FUNCTIONS_COLUMNS)
         if s_at:
-            out["span_stacks"] = {
-                "tenant": [tenant] * len(s_at),
-                "trace_id": _at(tids, s_at),
-                "span_id": _at(sids, s_at),
-                "method": _at(methods, s_at),
-                "stack_id": s_id,
-                "source": _at(sources, s_at),
-                "service": _at(services, s_at),
-                "operation": _at(names, s_at),
-                "minute": _at(minutes, s_at),
-                "span_known": _at(known, s_at),
-                "cpu_ns": s_cpu,
-                "wall_ns": s_wall,
-                "duration_ns": _at(durations, s_at),
-            }
+            out["span_stacks"] = per_row(s_at, {
+                "stack_id": s_id, "cpu_ns": s_cpu, "wall_ns": s_wall}, SPAN_STACKS_COLUMNS)
     if batch.unattributed:
         u = batch.unattributed
         out["unattributed_cpu"] = {
