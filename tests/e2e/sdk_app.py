@@ -11,16 +11,19 @@ the work is done in root spans.) The CPU time the thread used in each span is me
 around its work (``time.thread_time_ns()``), and so is the time it was runnable but waited
 for a core (``crunch_wait_ns``, from ``/proc/thread-self/schedstat``): the Pyroscope Python
 SDK's sampler counts a thread that is running *or runnable* as on CPU, so that wait shows up
-as CPU in its profile. At the end the spans are flushed, then the profiler is shut down,
-which pushes its last profile; one JSON object goes to stdout: ``{"crunch": [[trace_id,
-span_id], ...], "idle": [...], "crunch_cpu_ns": [...], "idle_cpu_ns": [...],
-"crunch_wait_ns": [...]}``, ids in hex.
+as CPU in its profile. On a virtual machine so does the time the hypervisor takes the
+thread's CPU away (steal): with ``--pin-cpu N`` the thread runs on CPU N only and that time
+is measured too (``crunch_steal_ns``, from /proc/stat). At the end the spans are flushed,
+then the profiler is shut down, which pushes its last profile; one JSON object goes to
+stdout: ``{"crunch": [[trace_id, span_id], ...], "idle": [...], "crunch_cpu_ns": [...],
+"idle_cpu_ns": [...], "crunch_wait_ns": [...], "crunch_steal_ns": [...]}``, ids in hex.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import sys
 import time
@@ -58,6 +61,22 @@ def run_delay_ns() -> int:
             return int(f.read().split()[1])
     except (OSError, IndexError, ValueError):
         return 0
+
+
+def steal_ns(cpu: int | None) -> int:
+    """The time the hypervisor has taken CPU ``cpu`` away from this virtual machine (Linux
+    /proc/stat's steal column, in clock ticks): while it does, the thread on that CPU uses no
+    CPU time but, to a sampler that samples on the wall clock, is running. 0 where not known."""
+    if cpu is None:
+        return 0
+    try:
+        with open("/proc/stat") as f:
+            for line in f:
+                if line.startswith(f"cpu{cpu} "):
+                    return int(line.split()[8]) * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        pass
+    return 0
 
 
 def exporter(protocol: str, endpoint: str, token: str = "") -> SpanExporter:
@@ -106,6 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--crunch-ms", type=float, default=300)
     ap.add_argument("--idle-ms", type=float, default=200)
     ap.add_argument("--upload-interval", type=int, default=1, help="seconds")
+    ap.add_argument("--pin-cpu", type=int, default=None,
+                    help="run the spans' thread on this CPU only, and measure the time the "
+                    "hypervisor took that CPU away in each busy span (crunch_steal_ns)")
     ap.add_argument("--token", default="", help="sent as a bearer token (OTLP) and as the "
                     "basic-auth password (Pyroscope)")
     ap.add_argument("--id-seed", type=int, default=None,
@@ -138,13 +160,18 @@ def main(argv: list[str] | None = None) -> int:
     burn_cpu_in_hash_loop(200)
     time.sleep(0.5)
     out: dict[str, list[Any]] = {"crunch": [], "idle": [], "crunch_cpu_ns": [],
-                                 "idle_cpu_ns": [], "crunch_wait_ns": []}
+                                 "idle_cpu_ns": [], "crunch_wait_ns": [],
+                                 "crunch_steal_ns": []}
+    if args.pin_cpu is not None:
+        os.sched_setaffinity(0, {args.pin_cpu})  # this thread only (Linux: 0 is the caller)
     for _ in range(args.iterations):
         with tracer.start_as_current_span("crunch") as span:
+            steal0 = steal_ns(args.pin_cpu)
             cpu0, wait0 = time.thread_time_ns(), run_delay_ns()
             burn_cpu_in_hash_loop(args.crunch_ms)
             out["crunch_cpu_ns"].append(time.thread_time_ns() - cpu0)
             out["crunch_wait_ns"].append(run_delay_ns() - wait0)
+            out["crunch_steal_ns"].append(steal_ns(args.pin_cpu) - steal0)
         out["crunch"].append(ids(span))
         with tracer.start_as_current_span("idle") as span:
             cpu0 = time.thread_time_ns()
