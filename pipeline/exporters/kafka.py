@@ -31,9 +31,12 @@ by partition: one message per partition a request touches, keyed by the first of
 traces (which hashes to that partition, as every other trace in it does): a 500-span
 request of 50 traces is a message per partition, not 50, and a busy service's 10 s profile
 (samples of thousands of traces) a few. With the partition count unknown (metadata not
-reachable in time) it falls back to a message per trace. The producer uses ``acks=all`` and
-idempotence. A message over ``max_message_bytes`` is
-split (by spans / samples) until it fits, never refused. ``consume`` returns only when Kafka
+reachable in time) it falls back to a message per trace. A profile message carries the
+request's whole dictionary (``pipeline/otlp/wire_profiles.py``), or, when those copies would
+add more bytes than the request has, only what its samples reference. The producer uses
+``acks=all`` and idempotence. A message over ``max_message_bytes`` is split (by spans /
+samples, each half with only the dictionary entries it references) until it fits, never
+refused. ``consume`` returns only when Kafka
 has acknowledged every message of the batch; if Kafka is down or slow the caller gets
 ``Retryable`` (the receiver answers ``UNAVAILABLE``), never a success for unwritten data.
 """
@@ -47,6 +50,9 @@ from typing import Any, Literal
 
 import msgspec
 from aiokafka.errors import KafkaError
+from opentelemetry.proto.collector.profiles.v1development.profiles_service_pb2 import (
+    ExportProfilesServiceRequest,
+)
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from pipeline.config import NonNegDuration, PositiveInt
@@ -56,6 +62,7 @@ from pipeline.kafka.backend import Producer, ProducerOptions, Producers, aiokafk
 from pipeline.otlp.builder import encode_profiles
 from pipeline.otlp.split import halve_profiles, halve_traces, split_profiles, split_traces
 from pipeline.otlp.wire import split_trace_bytes
+from pipeline.otlp.wire_profiles import split_profile_bytes
 from pipeline.records import Batch, ProfileBatch, SpanBatch
 from pipeline.registry import Context, Factory
 
@@ -146,10 +153,17 @@ class KafkaExporter:
         for req, rejected in sources:
             # always split by trace (the correlator's join depends on it), the traces of one
             # partition in one message when the partition count is known; a request's
-            # bytes as received (a gateway's) are split on the wire, without parsing
+            # bytes as received (a gateway's) are split on the wire, without parsing;
+            # profiles on their bytes too when the parts can share the whole dictionary
+            parts: dict[str, Any] | None = None
             if isinstance(req, bytes):
-                parts: dict[str, Any] = split_trace_bytes(req, rejected, bucket)
-            else:
+                parts = split_trace_bytes(req, rejected, bucket)
+            elif isinstance(batch, ProfileBatch):
+                try:
+                    parts = split_profile_bytes(req, rejected, bucket)
+                except ValueError:  # a wire type upb kept but the splitter does not cut
+                    parts = None
+            if parts is None:
                 parts = split(req, rejected, bucket_of=bucket)
             for key, msg in parts.items():
                 pending = [msg]
@@ -158,7 +172,8 @@ class KafkaExporter:
                     data = m if isinstance(m, bytes) else m.SerializeToString()
                     if len(data) > limit:
                         if isinstance(m, bytes):
-                            m = ExportTraceServiceRequest.FromString(m)
+                            m = (ExportTraceServiceRequest if isinstance(batch, SpanBatch)
+                                 else ExportProfilesServiceRequest).FromString(m)
                         smaller = halve(m)
                         if len(smaller) > 1:
                             self.metrics["split_messages"] += 1
