@@ -44,7 +44,6 @@ has acknowledged every message of the batch; if Kafka is down or slow the caller
 from __future__ import annotations
 
 import asyncio
-import functools
 from collections import Counter
 from typing import Any, Literal
 
@@ -57,8 +56,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from pipeline.config import NonNegDuration, PositiveInt
 from pipeline.errors import ConfigError, InvalidData, Retryable
-from pipeline.kafka import PARTITIONERS, TENANT_HEADER, ClientConfig, PartitionerName
+from pipeline.kafka import TENANT_HEADER, ClientConfig, PartitionerName
 from pipeline.kafka.backend import Producer, ProducerOptions, Producers, aiokafka_producer
+from pipeline.kafka.buckets import Buckets
 from pipeline.otlp.builder import encode_profiles
 from pipeline.otlp.split import halve_profiles, halve_traces, split_profiles, split_traces
 from pipeline.otlp.wire import split_trace_bytes
@@ -116,10 +116,6 @@ class KafkaExporter:
             max_message_bytes=p.max_message_bytes, linger=float(p.linger),
             timeout=float(self.cfg.timeout), security=self.cfg.security()))
 
-    @property
-    def _partition_fn(self) -> Any:
-        return PARTITIONERS[self.cfg.partitioner]
-
     async def start(self) -> None:
         self.producer = self._new_producer()
         try:
@@ -148,8 +144,7 @@ class KafkaExporter:
             if not isinstance(batch, ProfileBatch):
                 raise TypeError("span batches always carry their OTLP request")
             sources = [(encode_profiles(batch), [])]
-        bucket = functools.partial(_bucket, self._partition_fn, partitions) if partitions \
-            else None
+        bucket = Buckets(self.cfg.partitioner, partitions) if partitions else None
         for req, rejected in sources:
             # always split by trace (the correlator's join depends on it), the traces of one
             # partition in one message when the partition count is known; a request's
@@ -254,10 +249,6 @@ class KafkaExporter:
                 await self.producer.stop()  # flushes what is in flight
             except KafkaError as err:
                 self.log.warning("kafka_stop_failed", error=str(err))
-
-
-def _bucket(fn: Any, partitions: int, trace_hex: str) -> int:
-    return int(fn(trace_hex.encode(), partitions))
 
 
 def create(cfg: Config, ctx: Context) -> KafkaExporter:

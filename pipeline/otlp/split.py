@@ -26,19 +26,30 @@ Path = tuple[int, int, int]
 class MessageKeys:
     """The key of each trace's message: its id in hex, or with ``bucket_of`` (trace hex ->
     partition) the first such key of its partition, so that one message goes to each
-    partition per request. ``known`` holds those already made (look there first)."""
+    partition per request. ``known`` holds those already made (look there first).
+    ``prime`` hashes many trace ids at once when ``bucket_of`` can (``kafka.buckets``)."""
 
-    __slots__ = ("known", "_first", "_bucket_of")
+    __slots__ = ("known", "_first", "_bucket_of", "_primed")
 
     def __init__(self, bucket_of: Callable[[str], object] | None) -> None:
         self.known: dict[bytes, str] = {}
         self._first: dict[object, str] = {}
         self._bucket_of = bucket_of
+        self._primed: dict[bytes, object] = {}
+
+    def prime(self, trace_ids: list[bytes]) -> None:
+        """The partitions of ``trace_ids``, hashed together, for ``new`` to look up."""
+        many = getattr(self._bucket_of, "many", None)
+        if many is not None and trace_ids:
+            self._primed.update(zip(trace_ids, many(trace_ids), strict=True))
 
     def new(self, trace_id: bytes) -> str:
         key = trace_id.hex()
         if self._bucket_of is not None:
-            key = self._first.setdefault(self._bucket_of(key), key)
+            bucket = self._primed.get(trace_id)
+            if bucket is None:
+                bucket = self._bucket_of(key)
+            key = self._first.setdefault(bucket, key)
         self.known[trace_id] = key
         return key
 

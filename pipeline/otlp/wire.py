@@ -95,14 +95,13 @@ def split_trace_bytes(data: bytes, rejected: Iterable[Path] = (),
     The loop over a scope's spans is the gateway's hottest Python: per span it reads the
     length (two bytes for the usual 128 B-16 KiB span, inlined) and the trace id, and
     extends its group's last byte range when the span follows it (an SDK exports a
-    trace's spans together), so a run of spans is one slice; trace ids are
-    turned into a key (hex, partition) and a group once per trace change."""
+    trace's spans together), so a run of spans is one slice; a group is looked up once
+    per trace change. The traces' keys (hex, partition) are made after the loop, all
+    hashed together (``MessageKeys.prime``), and the groups of one key merged."""
     skip = set(rejected)
-    keys = MessageKeys(bucket_of)
-    key_of = keys.known
-    # (key, resource index, scope index) -> [start, end, start, end, ...]: its runs of
-    # spans (whole fields), in order
-    groups: dict[tuple[str, int, int], list[int]] = {}
+    # (trace id, resource index, scope index) -> [start, end, start, end, ...]: its runs
+    # of spans (whole fields), in order
+    groups: dict[tuple[bytes, int, int], list[int]] = {}
     view = memoryview(data)
     heads: dict[int, bytes] = {}  # resource index -> its fields other than scope_spans
     scope_heads: dict[tuple[int, int], bytes] = {}
@@ -147,11 +146,8 @@ def split_trace_bytes(data: bytes, rejected: Iterable[Path] = (),
                 else:
                     tid = _trace_id(data, sp, i)
                 if tid != last_tid:
-                    key = key_of.get(tid)
-                    if key is None:
-                        key = keys.new(tid)
-                    got = groups.get((key, ri, si))
-                    last = groups[(key, ri, si)] = [] if got is None else got
+                    got = groups.get((tid, ri, si))
+                    last = groups[(tid, ri, si)] = [] if got is None else got
                     last_tid = tid
                 if last and last[-1] == sf0:
                     last[-1] = i  # the group's run of spans goes on
@@ -160,7 +156,7 @@ def split_trace_bytes(data: bytes, rejected: Iterable[Path] = (),
             scope_heads[(ri, si)] = b"".join(shead)
         heads[ri] = b"".join(head)
     parts: dict[str, dict[int, list[bytes]]] = {}  # key -> resource -> its ScopeSpans
-    for (key, r, sc), bounds in groups.items():
+    for (key, r, sc), bounds in _by_key(groups, bucket_of).items():
         inner = b"".join([scope_heads[(r, sc)],
                           *[view[bounds[j]:bounds[j + 1]] for j in range(0, len(bounds), 2)]])
         parts.setdefault(key, {}).setdefault(r, []).extend((_header(2, len(inner)), inner))
@@ -172,4 +168,37 @@ def split_trace_bytes(data: bytes, rejected: Iterable[Path] = (),
             msg.append(_header(1, len(rs)))
             msg.append(rs)
         out[key] = b"".join(msg)
+    return out
+
+
+def _by_key(groups: dict[tuple[bytes, int, int], list[int]],
+            bucket_of: Callable[[str], object] | None
+            ) -> dict[tuple[str, int, int], list[int]]:
+    """The traces' groups under their messages' keys, made in the order the traces came
+    (as ``split.split_traces`` makes them); the runs of the traces one key joins, in
+    request order, adjacent ones as one."""
+    keys = MessageKeys(bucket_of)
+    tids = list(dict.fromkeys(tid for tid, _, _ in groups))
+    keys.prime(tids)
+    key_of = {tid: keys.new(tid) for tid in tids}
+    out: dict[tuple[str, int, int], list[int]] = {}
+    mixed: set[tuple[str, int, int]] = set()
+    for (tid, r, sc), bounds in groups.items():
+        mkey = (key_of[tid], r, sc)
+        got = out.get(mkey)
+        if got is None:
+            out[mkey] = bounds
+        else:
+            got += bounds
+            mixed.add(mkey)
+    for mkey in mixed:
+        flat = out[mkey]
+        runs = sorted(zip(flat[::2], flat[1::2], strict=True))
+        joined = [runs[0][0], runs[0][1]]
+        for a, b in runs[1:]:
+            if joined[-1] == a:
+                joined[-1] = b
+            else:
+                joined += (a, b)
+        out[mkey] = joined
     return out

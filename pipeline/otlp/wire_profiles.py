@@ -53,6 +53,7 @@ def split_profile_bytes(req: ExportProfilesServiceRequest, rejected: Iterable[Pa
     skip = set(rejected)
     keys = MessageKeys(bucket_of)
     links = req.dictionary.link_table
+    keys.prime([t for t in (bytes(lk.trace_id) for lk in links) if len(t) == 16])
     link_key: dict[int, str] = {}  # link index -> its part's key
 
     def key_of(li: int) -> str:

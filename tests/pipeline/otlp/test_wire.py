@@ -3,15 +3,18 @@ parsed request gives (``split.split_traces``), message for message."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
+from pipeline.kafka.buckets import Buckets
 from pipeline.otlp.split import split_traces
 from pipeline.otlp.wire import _header, split_trace_bytes
 
-TRACES = [bytes([i + 1]) * 16 for i in range(6)]
+TRACES = [bytes([i + 1]) * 16 for i in range(12)]
 
 
 def _request(shape: list[list[list[int]]]) -> ExportTraceServiceRequest:
@@ -36,19 +39,22 @@ def _bucket(key: str) -> int:
     return int(key[:2], 16) % 3
 
 
-shapes = st.lists(st.lists(st.lists(st.integers(0, 5), max_size=6), min_size=1, max_size=3),
+shapes = st.lists(st.lists(st.lists(st.integers(0, 11), max_size=14), min_size=1, max_size=3),
                   min_size=1, max_size=3)
 
 
 @settings(max_examples=200, deadline=None)
-@given(shape=shapes, drop=st.sets(st.integers(0, 40)), grouped=st.booleans())
+@given(shape=shapes, drop=st.sets(st.integers(0, 40)),
+       bucket=st.sampled_from([None, _bucket, Buckets("sarama_compat", 3),
+                               Buckets("murmur2", 2)]))
 def test_same_messages_as_the_parsed_split(shape: list[list[list[int]]], drop: set[int],
-                                           grouped: bool) -> None:
+                                           bucket: Callable[[str], int] | None) -> None:
+    """Per trace, or per partition (a function of the hex key, or the exporter's
+    ``Buckets``, which hashes the request's trace ids together)."""
     req = _request(shape)
     paths = [(ri, si, pi) for ri, rs in enumerate(req.resource_spans)
              for si, ss in enumerate(rs.scope_spans) for pi in range(len(ss.spans))]
     rejected = [p for i, p in enumerate(paths) if i in drop]
-    bucket = _bucket if grouped else None
     want = split_traces(req, rejected, bucket_of=bucket)
     got = split_trace_bytes(req.SerializeToString(), rejected, bucket)
     assert got.keys() == want.keys()
