@@ -20,7 +20,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.bench_pipeline import PROFILES, TRACE, blast, profile_requests, trace_requests  # noqa: E402
+from bench.bench_pipeline import (  # noqa: E402
+    PROFILES,
+    TRACE,
+    blast,
+    cpu_seconds,
+    profile_requests,
+    trace_requests,
+)
 from tests.conftest import SpanprofProcess, clickhouse  # noqa: E402
 from tests.e2e.test_kafka_crash import _lag  # noqa: E402
 from tests.e2e.test_kafka_tier import CORRELATOR, GATEWAY  # noqa: E402
@@ -46,8 +53,12 @@ def main() -> None:
         correlator = SpanprofProcess(Path(tmp) / "co", config_text=CORRELATOR % names)
         try:
             gateway.start()
+            assert gateway.proc is not None
+            c0 = cpu_seconds(gateway.proc.pid)
             t_spans = blast(gateway.grpc_target, TRACE, treqs, args.concurrency)
+            c1 = cpu_seconds(gateway.proc.pid)
             t_samples = blast(gateway.grpc_target, PROFILES, preqs, args.concurrency)
+            c2 = cpu_seconds(gateway.proc.pid)
             assert gateway.stop() == 0
             t0 = time.perf_counter()
             correlator.start()
@@ -82,6 +93,12 @@ def main() -> None:
     print(f"\nKafka tier (broker, gateway and correlator on {os.cpu_count()} cores)")
     print(f"  gateway     OTLP/gRPC -> Kafka: {args.spans / t_spans:>10,.0f} spans/s, "
           f"{args.samples / t_samples:>10,.0f} samples/s")
+    # the gateway's own CPU (its process, all threads): what a span and a sample cost it,
+    # whatever the broker and the load generator took of the machine
+    print(f"  gateway CPU: {1e6 * (c1 - c0) / args.spans:.2f} us per span "
+          f"({args.spans / max(c1 - c0, 1e-9):,.0f} spans per CPU-second), "
+          f"{1e6 * (c2 - c1) / args.samples:.2f} us per sample "
+          f"({args.samples / max(c2 - c1, 1e-9):,.0f} samples per CPU-second)")
     print(f"  correlator  Kafka -> ClickHouse: {(args.spans + args.samples) / t_corr:>10,.0f} "
           f"items/s ({args.spans} spans + {args.samples} samples in {t_corr:.1f}s, incl. "
           "start-up)")

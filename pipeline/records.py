@@ -144,10 +144,11 @@ class ProfileBatch(msgspec.Struct):
     origin: str = ""
     parts: list[tuple[str, int]] = []
     requests: list[tuple[int, int]] = []  # as SpanBatch.requests
+    items: int = -1  # as SpanBatch.items: a gateway's batch holds its requests, no samples
     tenant: str = DEFAULT_TENANT  # as SpanBatch.tenant
 
     def __len__(self) -> int:
-        return len(self.samples)
+        return len(self.samples) if self.items < 0 else self.items
 
 
 class Attribution(msgspec.Struct, array_like=True, gc=False):
@@ -244,9 +245,12 @@ def concat(batches: list[Batch]) -> Batch:
         stacks: dict[int, Stack] = {}
         for b in profiles:
             stacks.update(b.stacks)
+        lean = any(b.items >= 0 for b in profiles)
         return ProfileBatch([s for b in profiles for s in b.samples], stacks,
                             sources=[x for b in profiles for x in b.sources],
-                            requests=_requests(batches), tenant=tenant)
+                            requests=_requests(batches),
+                            items=sum(len(b) for b in profiles) if lean else -1,
+                            tenant=tenant)
     rows = [b for b in batches if isinstance(b, AttributionBatch)]
     return AttributionBatch([a for b in rows for a in b.attributions],
                             [u for b in rows for u in b.unattributed], tenant=tenant)

@@ -91,7 +91,7 @@ def _decoded(origin: Origin, signal: Signal, req: Any, limits: Limits, size: int
     if signal == "traces":
         t = decode_traces(req)
         return Piece(origin, t.batch, t.rejected, t.message, size)
-    p = decode_profiles(req, limits.max_records)
+    p = decode_profiles(req, max_records=limits.max_records)
     return Piece(origin, p.batch, p.rejected, p.message, size)
 
 

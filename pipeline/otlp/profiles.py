@@ -99,16 +99,20 @@ class Decoded(NamedTuple):
     message: str
 
 
-def decode_profiles(req: ExportProfilesServiceRequest, max_records: int = MAX_RECORDS,
-                    stacks: StackTable | None = None) -> Decoded:
+def decode_profiles(req: ExportProfilesServiceRequest, records: bool = True,
+                    max_records: int = MAX_RECORDS, stacks: StackTable | None = None
+                    ) -> Decoded:
     """Accepted samples, and the profiles refused with why: a profile is refused whole when
     anything it references is malformed or any value it carries could not be stored
     (``pipeline/otlp/bounds.py``), or when it would take the request over ``max_records``
-    sample records or over the stack budget (``stacks``)."""
+    sample records or over the stack budget (``stacks``). Without ``records`` the same
+    checks, but the batch holds only the request and how many sample records it makes (a
+    gateway passes the request on, less what was refused)."""
     d = Dictionary(req.dictionary, stacks)
     samples: list[Sample] = []
     refused = Rejections()
     used_stacks: set[int] = set()
+    count = 0
     try:
         d.check_zero_entries()
         broken = ""
@@ -127,15 +131,19 @@ def decode_profiles(req: ExportProfilesServiceRequest, max_records: int = MAX_RE
                 try:
                     if broken or pid_problem:
                         raise Invalid(broken or pid_problem)
-                    out = _decode_profile(d, prof, service, pid, host, max_records)
+                    out, n = _decode_profile(d, prof, service, pid, host, max_records,
+                                             records)
                 except (Invalid, StackRefused) as err:
                     refused.add((ri, si, pi), f"resource_profiles[{ri}].scope_profiles[{si}]."
                                 f"profiles[{pi}]", err)
                     continue
-                samples.extend(out)
-                used_stacks.update(s.stack_id for s in out)
+                count += n
+                if records:
+                    samples.extend(out)
+                    used_stacks.update(s.stack_id for s in out)
     stacks_out = {sid: d.stacks[sid] for sid in used_stacks}
-    return Decoded(ProfileBatch(samples, stacks_out, sources=[(req, refused.paths)]),
+    return Decoded(ProfileBatch(samples, stacks_out, sources=[(req, refused.paths)],
+                                items=-1 if records else count),
                    refused.count, refused.message)
 
 
@@ -167,7 +175,10 @@ def _check_instants(values: Any, stamps: Any, kind: Kind) -> None:
 
 
 def _decode_profile(d: Dictionary, prof: Any, service: str, pid: int = 0,
-                    host: str = "", max_records: int = MAX_RECORDS) -> list[Sample]:
+                    host: str = "", max_records: int = MAX_RECORDS, records: bool = True
+                    ) -> tuple[list[Sample], int]:
+    """The profile's sample records and how many; without ``records`` the checks alone
+    (records come back only from timestamped samples) and the count."""
     st, pt = prof.sample_type, prof.period_type
     type_s = d.string(st.type_strindex, "sample_type.type_strindex")
     unit_s = d.string(st.unit_strindex, "sample_type.unit_strindex")
@@ -185,6 +196,7 @@ def _decode_profile(d: Dictionary, prof: Any, service: str, pid: int = 0,
         raise Invalid(f"{len(prof.samples)} samples take the request over {max_records} "
                       "sample records")
     out: list[Sample] = []
+    plain, plain_total = 0, 0  # without records: the untimed samples' count and values
     # the per-sample loop is the decoder's cost: cached lookups inline, the profile's
     # constants hoisted, the tick count of an untimed value without a call
     stack_by, link_by = d.stack_cache, d.link_cache
@@ -235,16 +247,22 @@ def _decode_profile(d: Dictionary, prof: Any, service: str, pid: int = 0,
         if value > MAX_SAMPLE_VALUE or ticks > MAX_COUNT:
             raise Invalid(f"samples[{k}]: value {raw} ({value} after units, {ticks} ticks) is "
                           f"over the per-sample limit {MAX_SAMPLE_VALUE} or UInt32 ticks")
-        out.append(Sample(trace_id, span_id, service, t0, stack_id, measure, value, ticks,
-                          type_s, unit_s, thread_id, thread_name, where.span_name, pid, host))
-    if len(out) > room:
-        raise Invalid(f"{len(out)} sample records take the request over {max_records}")
-    total = d.value_total + sum(s.value for s in out)
+        if records:
+            out.append(Sample(trace_id, span_id, service, t0, stack_id, measure, value, ticks,
+                              type_s, unit_s, thread_id, thread_name, where.span_name, pid,
+                              host))
+        else:
+            plain += 1
+            plain_total += value
+    n = len(out) + plain
+    if n > room:
+        raise Invalid(f"{n} sample records take the request over {max_records}")
+    total = d.value_total + sum(s.value for s in out) + plain_total
     if total > MAX_REQUEST_VALUE:
         raise Invalid(f"values add up to {total}, over the request limit {MAX_REQUEST_VALUE}")
-    d.records += len(out)
+    d.records += n
     d.value_total = total
-    return out
+    return out, n
 
 
 def _instants(out: list[Sample], values: Any, stamps: Any, kind: Kind,

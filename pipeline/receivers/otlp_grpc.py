@@ -244,8 +244,8 @@ class GrpcServer:
         except TooLarge as err:
             self.metrics["refused_requests"] += 1
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(err))
-        decoded = decode(req, self.ctx.records.get(signal, True), data) \
-            if signal == "traces" else decode(req)
+        records = self.ctx.records.get(signal, True)
+        decoded = decode(req, records, data) if signal == "traces" else decode(req, records)
         if len(decoded.batch):
             decoded.batch.tenant = tenant
             await self._deliver(signal, decoded.batch, context,

@@ -123,8 +123,9 @@ class HttpServer(HttpReceiver):
             req = _parse(body, request_type, is_json)
             check_items(count_items(signal, req), getattr(self.cfg, limit_key), items,
                         limit_key)
-            decoded = decode(req, self.ctx.records.get(signal, True),
-                             None if is_json else body) if signal == "traces" else decode(req)
+            records = self.ctx.records.get(signal, True)
+            decoded = decode(req, records, None if is_json else body) \
+                if signal == "traces" else decode(req, records)
         except TooLarge as err:
             self.metrics["refused_requests"] += 1
             return self._error(413, f"receivers.{self.ctx.id}.protocols.http: {err}", is_json)

@@ -57,6 +57,10 @@ def _profiles(req: ExportProfilesServiceRequest) -> None:
           f"{min(dec.rejected, 3)}")
     assert storable(dec.batch) == [], storable(dec.batch)
     assert bool(dec.rejected) == bool(dec.message)
+    lean = decode_profiles(req, records=False)  # a gateway's: the checks, no records
+    assert (len(lean.batch), lean.rejected, lean.message, lean.batch.samples) == (
+        len(dec.batch), dec.rejected, dec.message, [])
+    assert lean.batch.sources[0][1] == dec.batch.sources[0][1]
     for part in split_profiles(req, dec.batch.sources[0][1]).values():
         again = decode_profiles(part)  # what a correlator decodes from Kafka
         assert again.rejected == 0, again.message

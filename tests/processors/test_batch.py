@@ -200,6 +200,18 @@ class TestMerging:
         assert out.samples == [s1, s2]
         assert out.stacks == {1: st1, 2: st2}
 
+    def test_merge_gateway_batches_adds_their_counts(self) -> None:
+        """A gateway's batches hold requests and counts, no records (``items``): merged,
+        the counts add up and every request is carried on, for spans and samples."""
+        p = merge([ProfileBatch([], {}, sources=[("p1", [])], items=7),
+                   ProfileBatch([], {}, sources=[("p2", [(0, 0, 1)])], items=5)])
+        assert isinstance(p, ProfileBatch)
+        assert (len(p), p.samples, p.sources) == (12, [], [("p1", []), ("p2", [(0, 0, 1)])])
+        s = merge([SpanBatch([], sources=[("t1", [])], items=3),
+                   SpanBatch([], sources=[("t2", [])], items=0)])
+        assert isinstance(s, SpanBatch)
+        assert (len(s), s.spans) == (3, [])
+
     def test_merge_attributions_keeps_unattributed(self) -> None:
         """Merged attribution batches keep both the rows and the unattributed totals."""
         a = Attribution(TRACE, b"a" * 8, "link", "api", "x", b"", 0, 0, True, 1, 0, 1, {}, {})
