@@ -68,6 +68,21 @@ def _fields(b: bytes, start: int, end: int) -> Iterable[tuple[int, int, int, int
             i = j
 
 
+def nested(data: bytes, start: int, end: int) -> tuple[bytes, list[tuple[int, int]]]:
+    """A ResourceSpans/ScopeSpans (or their profile twins) at ``data[start:end]``: its own
+    fields (1: resource or scope, 3: schema_url), whole and in order, and the payload bounds
+    of each of its field-2 entries (scope_spans, spans...). Other fields (none defined) are
+    not carried, as the upb copy in ``split`` does not carry them either."""
+    head: list[bytes] = []
+    inner: list[tuple[int, int]] = []
+    for num, f0, p, q in _fields(data, start, end):
+        if num == 2:
+            inner.append((p, q))
+        elif num in (1, 3):
+            head.append(data[f0:q])
+    return b"".join(head), inner
+
+
 def _header(field: int, size: int) -> bytes:
     out = bytearray()
     tag = (field << 3) | _LEN
@@ -110,13 +125,8 @@ def split_trace_bytes(data: bytes, rejected: Iterable[Path] = (),
         if num != 1:
             continue
         ri += 1
-        head, si = [], -1
-        for rnum, rf0, rp, rq in _fields(data, rs0, rs1):
-            if rnum != 2:
-                if rnum in (1, 3):
-                    head.append(data[rf0:rq])
-                continue
-            si += 1
+        heads[ri], scope_bounds = nested(data, rs0, rs1)
+        for si, (rp, rq) in enumerate(scope_bounds):
             shead, pi = [], -1
             last_tid: bytes | None = None
             last: list[int] = []
@@ -154,7 +164,6 @@ def split_trace_bytes(data: bytes, rejected: Iterable[Path] = (),
                 else:
                     last += (sf0, i)
             scope_heads[(ri, si)] = b"".join(shead)
-        heads[ri] = b"".join(head)
     parts: dict[str, dict[int, list[bytes]]] = {}  # key -> resource -> its ScopeSpans
     for (key, r, sc), bounds in _by_key(groups, bucket_of).items():
         inner = b"".join([scope_heads[(r, sc)],

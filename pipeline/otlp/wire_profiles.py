@@ -31,7 +31,7 @@ from opentelemetry.proto.collector.profiles.v1development.profiles_service_pb2 i
 )
 
 from pipeline.otlp.split import MessageKeys
-from pipeline.otlp.wire import _fields, _header, _varint
+from pipeline.otlp.wire import _fields, _header, _varint, nested
 
 Path = tuple[int, int, int]
 # the dictionary's copies may always add this many bytes (a small request's dictionary is
@@ -78,27 +78,14 @@ def split_profile_bytes(req: ExportProfilesServiceRequest, rejected: Iterable[Pa
             continue
         ri += 1
         rp = req.resource_profiles[ri]
-        head, si = [], -1
-        for rnum, rf0, rp0, rq in _fields(data, p, q):
-            if rnum != 2:
-                if rnum in (1, 3):
-                    head.append(data[rf0:rq])
-                continue
-            si += 1
+        heads[(ri,)], scopes = nested(data, p, q)
+        for si, (sp0, sp1) in enumerate(scopes):
             sp = rp.scope_profiles[si]
-            shead, pi = [], -1
-            for snum, sf0, pp, pq in _fields(data, rp0, rq):
-                if snum != 2:
-                    if snum in (1, 3):
-                        shead.append(data[sf0:pq])
-                    continue
-                pi += 1
-                if (ri, si, pi) in skip:
-                    continue
-                _profile(data, pp, pq, (ri, si, pi), sp.profiles[pi], link_key, key_of,
-                         groups, uses, heads)
-            heads[(ri, si)] = b"".join(shead)
-        heads[(ri,)] = b"".join(head)
+            heads[(ri, si)], profiles = nested(data, sp0, sp1)
+            for pi, (pp, pq) in enumerate(profiles):
+                if (ri, si, pi) not in skip:
+                    _profile(data, pp, pq, (ri, si, pi), sp.profiles[pi], link_key, key_of,
+                             groups, uses, heads)
     rest, link_fields = _dictionary(b"".join(dictionary))
     if len(rest) * (len(uses) - 1) > max(len(data), ROOM):
         return None
