@@ -195,6 +195,10 @@ def _decode_profile(d: Dictionary, prof: Any, service: str, pid: int = 0,
     if len(prof.samples) > room:
         raise Invalid(f"{len(prof.samples)} samples take the request over {max_records} "
                       "sample records")
+    if not records:
+        usual = _usual_counts(d, prof.samples, kind)
+        if usual is not None:
+            return [], _account(d, [], usual[0], usual[1], max_records, room)
     out: list[Sample] = []
     plain, plain_total = 0, 0  # without records: the untimed samples' count and values
     # the per-sample loop is the decoder's cost: cached lookups inline, the profile's
@@ -254,6 +258,13 @@ def _decode_profile(d: Dictionary, prof: Any, service: str, pid: int = 0,
         else:
             plain += 1
             plain_total += value
+    return out, _account(d, out, plain, plain_total, max_records, room)
+
+
+def _account(d: Dictionary, out: list[Sample], plain: int, plain_total: int,
+              max_records: int, room: int) -> int:
+    """The request's record and value budgets, with this profile's records (``out``, and
+    ``plain`` more of ``plain_total`` ns not built): its record count."""
     n = len(out) + plain
     if n > room:
         raise Invalid(f"{n} sample records take the request over {max_records}")
@@ -262,7 +273,39 @@ def _decode_profile(d: Dictionary, prof: Any, service: str, pid: int = 0,
         raise Invalid(f"values add up to {total}, over the request limit {MAX_REQUEST_VALUE}")
     d.records += n
     d.value_total = total
-    return out, n
+    return n
+
+
+def _usual_counts(d: Dictionary, samples: Any, kind: Kind) -> tuple[int, int] | None:
+    """A gateway's checks of the usual profile's samples (one value each, no timestamps,
+    no attributes) column by column, with builtins over each column instead of Python per
+    sample: (records, their total value), or ``None`` when a sample is unusual or anything
+    is wrong, for the per-sample loop to decide and word (it then meets the same first
+    problem: links and values are checked first, and the stacks, whose budget is the only
+    state a check leaves, last and in the order the loop would take them)."""
+    if any(s.timestamps_unix_nano or s.attribute_indices for s in samples):
+        return None
+    values = [s.values for s in samples]
+    if not values or set(map(len, values)) != {1}:
+        return None
+    raws = [v[0] for v in values]
+    low, high = min(raws), max(raws)
+    if low < 0:
+        return None
+    top = high * kind.per_value
+    ticks = high if kind.value_is_count else (
+        max(1, round(top / kind.period_ns)) if kind.measure != "other" and kind.period_ns
+        else 1)
+    if top > MAX_SAMPLE_VALUE or ticks > MAX_COUNT:  # both grow with the raw value
+        return None
+    try:
+        for li in dict.fromkeys([s.link_index for s in samples]):
+            d.link(li)
+        for si in dict.fromkeys([s.stack_index for s in samples]):
+            d.stack(si)
+    except (Invalid, StackRefused):
+        return None
+    return len(raws) - raws.count(0), sum(raws) * kind.per_value
 
 
 def _instants(out: list[Sample], values: Any, stamps: Any, kind: Kind,

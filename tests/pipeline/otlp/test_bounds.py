@@ -122,6 +122,31 @@ class TestProfileStacks:
         assert peak < 64 * size + (32 << 20), (peak, size)
         assert time.perf_counter() - t0 < 5
 
+    @pytest.mark.parametrize("bad_link", [False, True])
+    def test_a_gateway_spends_the_stack_budget_as_the_records_do(self, bad_link: bool) -> None:
+        """Without records (a gateway's decode, checked column by column) the same samples
+        are counted and the same profiles refused, with the same words, whichever stack the
+        request's text budget runs out at: the stacks, the only checks that leave state,
+        are taken in the order the per-sample loop takes them."""
+        b = ProfileBuilder()
+        tid = bytes(range(1, 17))
+        for i in range(12):  # the wall samples (one profile) name a link of their own
+            b.sample([f"function_{i % 7}_" * (i + 1), "main"], (i % 4) * 5, tid,
+                     bytes([1 + (i % 3 == 0)]) * 8,
+                     sample_type="cpu" if i % 3 else "wall", unit="nanoseconds",
+                     period_type="cpu", period_unit="nanoseconds", period=10)
+        req = b.build()
+        if bad_link:  # the wall profile's: refused, whatever the budget
+            req.dictionary.link_table[1].span_id = b"short"
+        seen = set()
+        for max_text in range(0, 2000, 23):
+            full = decode_profiles(req, stacks=StackTable(max_text=max_text))
+            lean = decode_profiles(req, records=False, stacks=StackTable(max_text=max_text))
+            assert (len(lean.batch), lean.rejected, lean.message) == (
+                len(full.batch), full.rejected, full.message), max_text
+            seen.add(full.rejected)
+        assert len(seen) > 1  # the budget refused some profiles, then none
+
     def test_depth_limit(self) -> None:
         b = ProfileBuilder()
         b.sample(["f"] * 20, 5)
