@@ -46,7 +46,8 @@ def split_profile_bytes(req: ExportProfilesServiceRequest, rejected: Iterable[Pa
     """As ``split.split_profiles`` (same keys, the same samples under each), each part
     serialised with the dictionary as received but for the links it does not name;
     ``None`` without ``bucket_of`` (one part per trace: the tables would be repeated per
-    trace) or when their copies would outweigh the request (beyond ``ROOM`` bytes)."""
+    trace) or when their copies and the empty link entries would outweigh the request
+    (beyond ``ROOM`` bytes)."""
     if bucket_of is None:
         return None
     data = req.SerializeToString()  # upb's order: samples as in ``prof.samples``
@@ -87,7 +88,9 @@ def split_profile_bytes(req: ExportProfilesServiceRequest, rejected: Iterable[Pa
                     _profile(data, pp, pq, (ri, si, pi), sp.profiles[pi], link_key, key_of,
                              groups, uses, heads)
     rest, link_fields = _dictionary(b"".join(dictionary))
-    if len(rest) * (len(uses) - 1) > max(len(data), ROOM):
+    # what the parts add: the tables repeated, and two bytes per link a part skips
+    extra = len(rest) * (len(uses) - 1) + sum(len(_NO_LINK) * max(u) for u in uses.values())
+    if extra > max(len(data), ROOM):
         return None
     dictionaries = {key: _part_dictionary(rest, link_fields, used) for key, used in uses.items()}
     return _assemble(data, groups, heads, dictionaries)

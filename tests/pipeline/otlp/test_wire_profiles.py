@@ -123,3 +123,16 @@ def test_no_bucket_or_a_dictionary_that_outweighs_the_request_is_left_to_compact
     assert split_profile_bytes(req, (), None) is None
     assert split_profile_bytes(req, (), lambda key: key) is None  # 8 parts, big dictionary
     assert split_profile_bytes(req, (), lambda key: 0) is not None  # one part
+
+
+def test_many_parts_of_a_long_link_table_are_left_to_compaction() -> None:
+    """Each part keeps every link index below its last (empty entries, 2 bytes each): a
+    long link table spread over many partitions would repeat it per part, so that request
+    is compacted instead; over two partitions it is not."""
+    b = ProfileBuilder()
+    for i in range(40_000):  # a sample per trace, tiny stacks: the links are the request
+        b.sample(["f"], 1, i.to_bytes(16, "big"), (i + 1).to_bytes(8, "big"),
+                 time_unix_nano=1_700_000_000 * 10**9)
+    req = b.build()
+    assert split_profile_bytes(req, (), lambda key: int(key[-4:], 16) % 64) is None
+    assert split_profile_bytes(req, (), lambda key: int(key[-4:], 16) % 2) is not None
