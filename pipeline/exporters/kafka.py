@@ -32,8 +32,9 @@ traces (which hashes to that partition, as every other trace in it does): a 500-
 request of 50 traces is a message per partition, not 50, and a busy service's 10 s profile
 (samples of thousands of traces) a few. With the partition count unknown (metadata not
 reachable in time) it falls back to a message per trace. A profile message carries the
-request's whole dictionary (``pipeline/otlp/wire_profiles.py``), or, when those copies would
-add more bytes than the request has, only what its samples reference. The producer uses
+request's dictionary but, of its links, only those its samples name
+(``pipeline/otlp/wire_profiles.py``), or, when those copies would add more bytes than the
+request has, only what its samples reference. The producer uses
 ``acks=all`` and idempotence. A message over ``max_message_bytes`` is split (by spans /
 samples, each half with only the dictionary entries it references) until it fits, never
 refused. ``consume`` returns only when Kafka
@@ -149,7 +150,7 @@ class KafkaExporter:
             # always split by trace (the correlator's join depends on it), the traces of one
             # partition in one message when the partition count is known; a request's
             # bytes as received (a gateway's) are split on the wire, without parsing;
-            # profiles on their bytes too when the parts can share the whole dictionary
+            # profiles on their bytes too when the parts can share the dictionary
             parts: dict[str, Any] | None = None
             if isinstance(req, bytes):
                 parts = split_trace_bytes(req, rejected, bucket)
