@@ -340,6 +340,16 @@ def check_lost(run: Run, lock_ns: dict[str, int], report: str) -> list[dict[str,
     return [c for c in run.slow if c not in lost]
 
 
+def check_explains(top: dict[str, Any], d: dict[str, Any], share: float, report: str) -> None:
+    """``explains`` is the function's wait over the tail's extra duration per call, and
+    the wait is most of it (``share``: the slow calls whose wait was recorded). Not all:
+    the app's slow calls also spend time outside the lock (a loaded machine's scheduling,
+    the agent's uploads), so a 300 ms hold has been 0.81 of an extra 371 ms; the wait
+    itself is checked against the hold by the caller."""
+    assert top["explains"] == pytest.approx(top["delta_ns"] / d["extra_ns"]), report
+    assert top["explains"] > 0.6 * share, report
+
+
 class TestMonitorWait:
     """``synchronized``: JFR ``jdk.JavaMonitorEnter``, labelled with the span."""
 
@@ -357,7 +367,7 @@ class TestMonitorWait:
         assert top["name"] == RESERVE, report
         assert top["tail"]["calls_with"] == len(caught), report
         assert top["delta_ns"] > 0.9 * HOLD_MS * 1e6 * len(caught) / len(run.slow), report
-        assert top["explains"] > 0.9 * len(caught) / len(run.slow), report
+        check_explains(top, d, len(caught) / len(run.slow), report)
         assert d["tail"]["lock"]["per_call_ns"] \
             > 0.9 * HOLD_MS * 1e6 * len(caught) / len(run.slow), report
         assert d["typical"]["lock"]["per_call_ns"] < 1e6, report  # under 1 ms a call
@@ -446,5 +456,6 @@ class TestParkWait:
         top = d["lock_functions"][0]
         assert top["name"] == PARK, report
         assert top["tail"]["calls_with"] == len(caught), report
-        assert top["explains"] > 0.9 * len(caught) / len(run.slow), report
+        assert top["delta_ns"] > 0.9 * HOLD_MS * 1e6 * len(caught) / len(run.slow), report
+        check_explains(top, d, len(caught) / len(run.slow), report)
         assert d["typical"]["lock"]["per_call_ns"] < 1e6, report
