@@ -63,7 +63,9 @@ def _thread_id(v: Any) -> int:
 class Dictionary:
     """Resolves and checks indices into one request's ``ProfilesDictionary``, with caches."""
 
-    def __init__(self, d: Any, table: StackTable | None = None) -> None:
+    def __init__(self, d: Any, table: StackTable | None = None, build: bool = True) -> None:
+        """``build=False``: every check and budget, but stacks are not built nor hashed
+        (``stack`` answers the stack's index: a gateway, which stores no stack)."""
         self.strtab = d.string_table
         self.n_str = len(d.string_table)
         self.functions = d.function_table
@@ -74,6 +76,7 @@ class Dictionary:
         self.attrs = d.attribute_table
         self.n_attrs = len(d.attribute_table)
         self.table = table or StackTable()
+        self.build = build
         self.records = 0  # sample records made from this request so far
         self.value_total = 0  # and their values added up
         self._where_by_indices: dict[tuple[int, ...], Where] = {}
@@ -227,7 +230,12 @@ class Dictionary:
         what = f"stack_table[{i}]"
         self.table.check_depth(len(indices), what)
         locs = [self._location(li, f"{what} ") for li in indices]
-        sid = self.stack_cache[i] = self.table.stack(locs, what)
+        if self.build:
+            sid = self.table.stack(locs, what)
+        else:
+            self.table.spend(locs, what)
+            sid = i
+        self.stack_cache[i] = sid
         return sid
 
     def link(self, i: int) -> tuple[bytes, bytes]:

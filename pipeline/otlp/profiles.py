@@ -17,6 +17,7 @@ from __future__ import annotations
 import time
 from typing import Any, NamedTuple
 
+import numpy as np
 from opentelemetry.proto.collector.profiles.v1development.profiles_service_pb2 import (
     ExportProfilesServiceRequest,
 )
@@ -108,7 +109,7 @@ def decode_profiles(req: ExportProfilesServiceRequest, records: bool = True,
     sample records or over the stack budget (``stacks``). Without ``records`` the same
     checks, but the batch holds only the request and how many sample records it makes (a
     gateway passes the request on, less what was refused)."""
-    d = Dictionary(req.dictionary, stacks)
+    d = Dictionary(req.dictionary, stacks, build=records)
     samples: list[Sample] = []
     refused = Rejections()
     used_stacks: set[int] = set()
@@ -196,7 +197,7 @@ def _decode_profile(d: Dictionary, prof: Any, service: str, pid: int = 0,
         raise Invalid(f"{len(prof.samples)} samples take the request over {max_records} "
                       "sample records")
     if not records:
-        usual = _usual_counts(d, prof.samples, kind)
+        usual = _usual_counts(d, prof, kind)
         if usual is not None:
             return [], _account(d, [], usual[0], usual[1], max_records, room)
     out: list[Sample] = []
@@ -276,21 +277,24 @@ def _account(d: Dictionary, out: list[Sample], plain: int, plain_total: int,
     return n
 
 
-def _usual_counts(d: Dictionary, samples: Any, kind: Kind) -> tuple[int, int] | None:
+def _usual_counts(d: Dictionary, prof: Any, kind: Kind) -> tuple[int, int] | None:
     """A gateway's checks of the usual profile's samples (one value each, no timestamps,
     no attributes) column by column, with builtins over each column instead of Python per
     sample: (records, their total value), or ``None`` when a sample is unusual or anything
     is wrong, for the per-sample loop to decide and word (it then meets the same first
     problem: links and values are checked first, and the stacks, whose budget is the only
     state a check leaves, last and in the order the loop would take them)."""
-    if any(s.timestamps_unix_nano or s.attribute_indices for s in samples):
-        return None
+    samples = prof.samples
     values = [s.values for s in samples]
     if not values or set(map(len, values)) != {1}:
         return None
     raws = [v[0] for v in values]
     low, high = min(raws), max(raws)
     if low < 0:
+        return None
+    links = [s.link_index for s in samples]
+    stacks = [s.stack_index for s in samples]
+    if not _only_these_fields(prof, stacks, links, raws):
         return None
     top = high * kind.per_value
     ticks = high if kind.value_is_count else (
@@ -299,13 +303,42 @@ def _usual_counts(d: Dictionary, samples: Any, kind: Kind) -> tuple[int, int] | 
     if top > MAX_SAMPLE_VALUE or ticks > MAX_COUNT:  # both grow with the raw value
         return None
     try:
-        for li in dict.fromkeys([s.link_index for s in samples]):
+        for li in dict.fromkeys(links):
             d.link(li)
-        for si in dict.fromkeys([s.stack_index for s in samples]):
+        for si in dict.fromkeys(stacks):
             d.stack(si)
     except (Invalid, StackRefused):
         return None
     return len(raws) - raws.count(0), sum(raws) * kind.per_value
+
+
+# varint sizes: a value v takes 1 + (number of these it is at least) bytes
+_VARINT_STEPS = np.array([1 << (7 * k) for k in range(1, 10)], dtype=np.uint64)
+
+
+def _varint_sizes(col: list[int]) -> Any:
+    """Bytes each value takes as a protobuf varint (a negative int32/int64: ten)."""
+    return 1 + np.searchsorted(_VARINT_STEPS, np.array(col, dtype=np.int64).view(np.uint64),
+                               side="right")
+
+
+def _only_these_fields(prof: Any, stacks: list[int], links: list[int], raws: list[int]
+                       ) -> bool:
+    """Whether every sample holds only its stack index, link index and one value (no
+    timestamps, attributes or unknown fields), told by sizes instead of reading two more
+    fields of every sample: the profile's encoded size is its other fields' plus each
+    sample's, and a sample is never smaller than what these three take, so the sizes add up
+    only when no sample has anything else."""
+    rest = type(prof)()
+    rest.CopyFrom(prof)
+    del rest.samples[:]
+    s, lk = np.array(stacks, dtype=np.int64), np.array(links, dtype=np.int64)
+    # stack_index = 1 and link_index = 3 (omitted when 0), values = 4 (packed: tag, length,
+    # the varint); each sample is a Profile.samples (2) entry: tag, length, its bytes
+    size = ((s != 0) * (1 + _varint_sizes(stacks)) + (lk != 0) * (1 + _varint_sizes(links))
+            + 2 + _varint_sizes(raws))
+    whole = int(size.sum()) + len(raws) + int(_varint_sizes(size.tolist()).sum())
+    return bool(prof.ByteSize() == rest.ByteSize() + whole)
 
 
 def _instants(out: list[Sample], values: Any, stamps: Any, kind: Kind,

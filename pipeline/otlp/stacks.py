@@ -84,8 +84,9 @@ class StackTable:
         text = b"".join(_frame_bytes(fn, fl, ln) for fn, fl, ln in frames)
         return Frames(fns, files, lines, text)
 
-    def stack(self, locs: Sequence[Frames], what: str) -> int:
-        """The id of the stack of these locations (leaf first), built if new."""
+    def spend(self, locs: Sequence[Frames], what: str) -> None:
+        """Charge a stack of these locations to the request's budget, building nothing (a
+        gateway's checks: the stack itself is built where it is stored)."""
         depth = sum(len(f.functions) for f in locs)
         self.check_depth(depth, what)
         self.refs += len(locs)
@@ -95,6 +96,10 @@ class StackTable:
                                f"from {self.refs} location references, over {FRAME_FANOUT} "
                                f"per reference (+{FRAME_SLACK})")
         self._spend_text(sum(len(f.text) for f in locs), what)
+
+    def stack(self, locs: Sequence[Frames], what: str) -> int:
+        """The id of the stack of these locations (leaf first), built if new."""
+        self.spend(locs, what)
         h = hashlib.blake2b(digest_size=8)
         for f in locs:
             h.update(f.text)

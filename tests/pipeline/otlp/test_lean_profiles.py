@@ -39,12 +39,30 @@ def usual_profiles(draw: Any) -> Any:
         s = samples[draw(st.integers(0, len(samples) - 1))]
         what = draw(st.sampled_from(["stack", "link", "bad_link"]))
         if what == "stack":
-            s.stack_index = draw(st.integers(0, 2**31 - 1))
+            s.stack_index = draw(st.integers(-(2**31), 2**31 - 1))
         elif what == "link":
-            s.link_index = draw(st.integers(0, 2**31 - 1))
+            s.link_index = draw(st.integers(-(2**31), 2**31 - 1))
         elif len(req.dictionary.link_table) > 1:
             req.dictionary.link_table[-1].trace_id = b"\x05" * 3
+    for _ in range(draw(st.integers(0, 1))):  # one sample not usual: the loop decides
+        s = samples[draw(st.integers(0, len(samples) - 1))]
+        add_unusual(s, draw(st.sampled_from(UNUSUAL)))
     return req
+
+
+UNUSUAL = ["timestamp", "attribute", "unknown_field", "second_value"]
+
+
+def add_unusual(s: Any, what: str) -> None:
+    """Something a usual sample does not have, on sample ``s``."""
+    if what == "timestamp":
+        s.timestamps_unix_nano.append(1_750_000_000 * 10**9)
+    elif what == "attribute":
+        s.attribute_indices.append(0)
+    elif what == "unknown_field":
+        s.MergeFromString(b"\x78\x01")  # field 15, a varint: no field of Sample
+    else:
+        s.values.append(1)
 
 
 @settings(max_examples=400, deadline=None)
@@ -55,3 +73,25 @@ def test_counts_and_refusals_as_the_records(req: Any) -> None:
         lean = decode_profiles(req, records=False)
     assert (len(lean.batch), lean.rejected, lean.message, lean.batch.sources[0][1]) == (
         len(full.batch), full.rejected, full.message, full.batch.sources[0][1])
+
+
+def test_a_sample_with_anything_else_is_not_usual() -> None:
+    """The sizes tell a sample that has more than its stack, link and one value, whatever
+    that is, and one usual sample more or less changes nothing."""
+    for what in [None, *UNUSUAL]:
+        b = ProfileBuilder()
+        for i in range(50):
+            b.sample(["f", "main"], 10_000_000 + i * 1_000_003, bytes([1 + i % 3]) * 16,
+                     bytes([1 + i % 5]) * 8, time_unix_nano=1_750_000_000 * 10**9)
+        req = b.build()
+        prof = req.resource_profiles[0].scope_profiles[0].profiles[0]
+        if what is not None:
+            add_unusual(prof.samples[17], what)
+        ss = prof.samples
+        usual = profiles._only_these_fields(
+            prof, [s.stack_index for s in ss], [s.link_index for s in ss],
+            [s.values[0] for s in ss])
+        assert usual == (what is None), what
+        lean, full = decode_profiles(req, records=False), decode_profiles(req)
+        assert not full.rejected, full.message
+        assert (len(lean.batch), lean.rejected) == (len(full.batch), full.rejected), what
