@@ -76,7 +76,9 @@ async def attributes(db: Queryable, database: str, minutes: list[int], p: dict[s
             continue  # an id: every call its own value
         ct, cs = Counter(t_vals), Counter(s_vals)
         ct["(absent)"], cs["(absent)"] = n_t - len(t_vals), n_s - len(s_vals)
-        tv = 0.5 * sum(abs(ct[v] / n_t - cs[v] / n_s) for v in ct | cs)
+        # in integers, one division: shares added as floats made 0.9999999999999999 of
+        # groups wholly apart (every tail call one value no typical call has)
+        tv = sum(abs(ct[v] * n_s - cs[v] * n_t) for v in ct | cs) / (2 * n_t * n_s)
         top = max(ct | cs, key=lambda v: (ct[v] / n_t - cs[v] / n_s, v))
         out.append({"key": k, "kind": "values", "separation": tv, "value": top,
                     "tail": {"share": ct[top] / n_t, "calls": n_t},

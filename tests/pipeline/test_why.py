@@ -22,6 +22,7 @@ import pytest
 from pipeline import cli, flamegraph, why_text
 from pipeline.admin import queries, why
 from pipeline.admin.server import AdminServer
+from pipeline.admin.why_attributes import attributes
 from pipeline.exporters.clickhouse.exporter import ClickHouseExporter, Config
 from pipeline.graph import Graph, Node
 from pipeline.records import (
@@ -398,3 +399,21 @@ class TestApiAndCli:
                    'data-delta="2500000000"' in svg.read_text()
         finally:
             await admin.shutdown()
+
+
+async def test_groups_wholly_apart_are_exactly_one_apart() -> None:
+    """Every tail call ``central``, no typical one: separation 1.0 exactly, however the
+    typical calls share the other values (the shares added as floats made
+    0.9999999999999999 of 8 tail calls against 50 typical ones spread over five values)."""
+    warehouses = ["north", "south", "east", "west", "dock"]
+    rows = [(True, {"warehouse": "central"}, {}) for _ in range(8)]
+    rows += [(False, {"warehouse": warehouses[i % 5]}, {}) for i in range(50)]
+
+    class Rows:
+        async def query(self, sql: str, parameters: dict[str, Any] | None = None
+                        ) -> tuple[list[str], list[tuple[Any, ...]]]:
+            return ["is_tail", "attrs", "res"], rows
+
+    got = await attributes(Rows(), "spanprof", [0], {}, 5)
+    assert got[0]["key"] == "warehouse" and got[0]["separation"] == 1.0, got
+    assert got[0]["value"] == "central"
