@@ -316,10 +316,10 @@ def _usual_counts(d: Dictionary, prof: Any, kind: Kind) -> tuple[int, int] | Non
 _VARINT_STEPS = np.array([1 << (7 * k) for k in range(1, 10)], dtype=np.uint64)
 
 
-def _varint_sizes(col: list[int]) -> Any:
-    """Bytes each value takes as a protobuf varint (a negative int32/int64: ten)."""
-    return 1 + np.searchsorted(_VARINT_STEPS, np.array(col, dtype=np.int64).view(np.uint64),
-                               side="right")
+def _varint_sizes(col: Any) -> Any:
+    """Bytes each value of an int64 array takes as a protobuf varint (a negative int32 or
+    int64: ten)."""
+    return 1 + np.searchsorted(_VARINT_STEPS, col.view(np.uint64), side="right")
 
 
 def _only_these_fields(prof: Any, stacks: list[int], links: list[int], raws: list[int]
@@ -335,9 +335,9 @@ def _only_these_fields(prof: Any, stacks: list[int], links: list[int], raws: lis
     s, lk = np.array(stacks, dtype=np.int64), np.array(links, dtype=np.int64)
     # stack_index = 1 and link_index = 3 (omitted when 0), values = 4 (packed: tag, length,
     # the varint); each sample is a Profile.samples (2) entry: tag, length, its bytes
-    size = ((s != 0) * (1 + _varint_sizes(stacks)) + (lk != 0) * (1 + _varint_sizes(links))
-            + 2 + _varint_sizes(raws))
-    whole = int(size.sum()) + len(raws) + int(_varint_sizes(size.tolist()).sum())
+    size = ((s != 0) * (1 + _varint_sizes(s)) + (lk != 0) * (1 + _varint_sizes(lk))
+            + 2 + _varint_sizes(np.array(raws, dtype=np.int64)))
+    whole = int(size.sum()) + len(raws) + int(_varint_sizes(size.astype(np.int64)).sum())
     return bool(prof.ByteSize() == rest.ByteSize() + whole)
 
 
