@@ -8,7 +8,11 @@ export MALLOC_TRIM_THRESHOLD_ ?= 268435456
 
 .PHONY: run test bench fuzz faults lint venv clean chromium
 
-$(BIN)/.installed: pyproject.toml
+# rustup's cargo, for the native trace path (pipeline/native, built by pip install)
+export PATH := $(HOME)/.cargo/bin:$(PATH)
+NATIVE := pipeline/native/Cargo.toml
+
+$(BIN)/.installed: pyproject.toml $(NATIVE) pipeline/native/src/lib.rs
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[test,dev]'
@@ -23,6 +27,7 @@ run: venv
 # one), then the tests marked serial alone: they compare profiles with the clients' clocks
 TEST_WORKERS ?= 2
 test: venv lint chromium
+	cargo test -q --release --manifest-path $(NATIVE)
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not serial"
 	$(BIN)/python -m pytest -q -m serial
 
@@ -58,6 +63,7 @@ faults: venv
 
 lint: venv
 	$(BIN)/ruff check pipeline processors tests bench
+	cargo clippy -q --release --manifest-path $(NATIVE) -- -D warnings
 	$(BIN)/mypy pipeline processors
 
 clean:

@@ -60,6 +60,7 @@ from pipeline.errors import ConfigError, InvalidData, Retryable
 from pipeline.kafka import TENANT_HEADER, ClientConfig, PartitionerName
 from pipeline.kafka.backend import Producer, ProducerOptions, Producers, aiokafka_producer
 from pipeline.kafka.buckets import Buckets
+from pipeline.native import traces_split
 from pipeline.otlp.builder import encode_profiles
 from pipeline.otlp.split import halve_profiles, halve_traces, split_profiles, split_traces
 from pipeline.otlp.wire import split_trace_bytes
@@ -155,7 +156,12 @@ class KafkaExporter:
             # profiles on their bytes too when the parts can share the dictionary
             parts: dict[str, Any] | None = None
             if isinstance(req, bytes):
-                parts = split_trace_bytes(req, rejected, bucket)
+                # natively when nothing was refused (the usual request), else in Python
+                if not rejected:
+                    parts = traces_split(req, self.cfg.partitioner if bucket else None,
+                                         partitions)
+                if parts is None:
+                    parts = split_trace_bytes(req, rejected, bucket)
             elif isinstance(batch, ProfileBatch):
                 try:
                     parts = split_profile_bytes(req, rejected, bucket)

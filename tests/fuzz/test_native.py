@@ -1,0 +1,74 @@
+"""pipeline/native (the gateway's trace path in Rust) against the Python path it stands in
+for, on the same bytes: whatever the library takes, the Python path takes with the same
+span count and nothing refused, and the library's split is the Python split byte for byte
+(message keys, their order, every message). The library may hand any request back (None):
+the receiver then parses it in Python; ``test_usual_requests_are_taken`` holds it to
+taking the usual ones. test_mutations.py runs ``native_agrees`` on byte mutants."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from google.protobuf.message import DecodeError
+from hypothesis import event, given
+from hypothesis import strategies as st
+from hypothesis.errors import InvalidArgument
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from pipeline import native
+from pipeline.kafka.buckets import Buckets
+from pipeline.otlp.traces import decode_traces
+from pipeline.otlp.wire import split_trace_bytes
+from tests.fuzz import strategies as S
+from tests.fuzz.support import FUZZ, count
+
+# (partitioner, partitions): a message per trace, and the exporter's partitioners
+KEYINGS: list[tuple[str | None, int]] = [(None, 0), ("sarama_compat", 3), ("murmur2", 2),
+                                         ("sarama_compat", 64), ("murmur2", 1)]
+
+
+def _note(text: str) -> None:
+    try:
+        event(text)
+    except InvalidArgument:  # outside hypothesis (the mutation loop)
+        pass
+
+
+def native_agrees(data: bytes) -> None:
+    """The property, for any bytes."""
+    assert native.AVAILABLE, "the native library is not built (pip install: cargo)"
+    n = native.traces_check(data)
+    try:
+        req = ExportTraceServiceRequest.FromString(data)
+    except DecodeError:
+        assert n is None, f"native took {n} spans of bytes upb refuses"
+        _note("upb refuses")
+        return
+    py = decode_traces(req, records=False, wire=data)
+    _note(f"native {'takes' if n is not None else 'hands back'}, python refuses "
+          f"{min(py.rejected, 1)}")
+    if n is not None:
+        assert (py.rejected, len(py.batch)) == (0, n), (py.rejected, py.message, n)
+    if py.rejected:
+        return  # the exporter splits these in Python (it must leave the refused out)
+    for partitioner, partitions in KEYINGS:
+        got = native.traces_split(data, partitioner, partitions)
+        if got is None:
+            assert n is None, "a request the check takes must split natively"
+            continue
+        bucket = Buckets(partitioner, partitions) if partitioner else None  # type: ignore[arg-type]
+        want = split_trace_bytes(data, (), bucket)
+        assert list(got.items()) == list(want.items()), (partitioner, partitions)
+
+
+def _encoded(req: Any) -> bytes:
+    return bytes(req.SerializeToString())
+
+
+@FUZZ
+@given(st.one_of(S.trace_requests(tame=True).map(_encoded), S.trace_requests().map(_encoded),
+                 S.mutated(S.trace_requests(tame=True)), S.mutated(S.trace_requests()),
+                 st.binary(max_size=200)))
+def test_native_agrees_with_python(data: bytes) -> None:
+    count("otlp_traces_native")
+    native_agrees(data)
