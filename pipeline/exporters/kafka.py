@@ -60,7 +60,7 @@ from pipeline.errors import ConfigError, InvalidData, Retryable
 from pipeline.kafka import TENANT_HEADER, ClientConfig, PartitionerName
 from pipeline.kafka.backend import Producer, ProducerOptions, Producers, aiokafka_producer
 from pipeline.kafka.buckets import Buckets
-from pipeline.native import traces_split
+from pipeline.native import profiles_split, traces_split
 from pipeline.otlp.builder import encode_profiles
 from pipeline.otlp.split import halve_profiles, halve_traces, split_profiles, split_traces
 from pipeline.otlp.wire import split_trace_bytes
@@ -163,10 +163,15 @@ class KafkaExporter:
                 if parts is None:
                     parts = split_trace_bytes(req, rejected, bucket)
             elif isinstance(batch, ProfileBatch):
-                try:
-                    parts = split_profile_bytes(req, rejected, bucket)
-                except ValueError:  # a wire type upb kept but the splitter does not cut
-                    parts = None
+                got = profiles_split(req.SerializeToString(), self.cfg.partitioner,
+                                     partitions) if bucket and not rejected else None
+                if isinstance(got, dict):
+                    parts = got
+                elif got is None:  # the Python path decides (COMPACT: compact at once)
+                    try:
+                        parts = split_profile_bytes(req, rejected, bucket)
+                    except ValueError:  # a wire type upb kept but the splitter does not cut
+                        parts = None
             if parts is None:
                 parts = split(req, rejected, bucket_of=bucket)
             for key, msg in parts.items():

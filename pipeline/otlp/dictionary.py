@@ -77,6 +77,9 @@ class Dictionary:
         self.n_attrs = len(d.attribute_table)
         self.table = table or StackTable()
         self.build = build
+        # every entry checked natively, no use able to exceed the stack budget
+        # (profiles.py ``_verified``): the usual samples' checks may skip per-entry work
+        self.verified = False
         self.records = 0  # sample records made from this request so far
         self.value_total = 0  # and their values added up
         self._where_by_indices: dict[tuple[int, ...], Where] = {}

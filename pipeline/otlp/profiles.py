@@ -22,7 +22,10 @@ from opentelemetry.proto.collector.profiles.v1development.profiles_service_pb2 i
     ExportProfilesServiceRequest,
 )
 
+from pipeline import native
 from pipeline.otlp.bounds import (
+    FRAME_FANOUT,
+    FRAME_SLACK,
     MAX_COUNT,
     MAX_RECORDS,
     MAX_REQUEST_VALUE,
@@ -101,15 +104,20 @@ class Decoded(NamedTuple):
 
 
 def decode_profiles(req: ExportProfilesServiceRequest, records: bool = True,
-                    max_records: int = MAX_RECORDS, stacks: StackTable | None = None
-                    ) -> Decoded:
+                    max_records: int = MAX_RECORDS, stacks: StackTable | None = None,
+                    wire: bytes | None = None) -> Decoded:
     """Accepted samples, and the profiles refused with why: a profile is refused whole when
     anything it references is malformed or any value it carries could not be stored
     (``pipeline/otlp/bounds.py``), or when it would take the request over ``max_records``
     sample records or over the stack budget (``stacks``). Without ``records`` the same
     checks, but the batch holds only the request and how many sample records it makes (a
-    gateway passes the request on, less what was refused)."""
+    gateway passes the request on, less what was refused); with its bytes as received
+    (``wire``), the usual samples are read from them by the native library."""
     d = Dictionary(req.dictionary, stacks, build=records)
+    columns = native.profile_columns(wire) if wire is not None and not records else None
+    if columns is not None and wire is not None:
+        d.verified = _verified(d, native.dictionary_summary(wire, FRAME_FANOUT))
+    ordinal = -1
     samples: list[Sample] = []
     refused = Rejections()
     used_stacks: set[int] = set()
@@ -129,11 +137,13 @@ def decode_profiles(req: ExportProfilesServiceRequest, records: bool = True,
         host = resource.get("host.name", "")
         for si, sp in enumerate(rp.scope_profiles):
             for pi, prof in enumerate(sp.profiles):
+                ordinal += 1
                 try:
                     if broken or pid_problem:
                         raise Invalid(broken or pid_problem)
-                    out, n = _decode_profile(d, prof, service, pid, host, max_records,
-                                             records)
+                    out, n = _decode_profile(
+                        d, prof, service, pid, host, max_records, records,
+                        columns[ordinal] if columns and ordinal < len(columns) else None)
                 except (Invalid, StackRefused) as err:
                     refused.add((ri, si, pi), f"resource_profiles[{ri}].scope_profiles[{si}]."
                                 f"profiles[{pi}]", err)
@@ -176,8 +186,8 @@ def _check_instants(values: Any, stamps: Any, kind: Kind) -> None:
 
 
 def _decode_profile(d: Dictionary, prof: Any, service: str, pid: int = 0,
-                    host: str = "", max_records: int = MAX_RECORDS, records: bool = True
-                    ) -> tuple[list[Sample], int]:
+                    host: str = "", max_records: int = MAX_RECORDS, records: bool = True,
+                    columns: native.Columns | None = None) -> tuple[list[Sample], int]:
     """The profile's sample records and how many; without ``records`` the checks alone
     (records come back only from timestamped samples) and the count."""
     st, pt = prof.sample_type, prof.period_type
@@ -197,7 +207,7 @@ def _decode_profile(d: Dictionary, prof: Any, service: str, pid: int = 0,
         raise Invalid(f"{len(prof.samples)} samples take the request over {max_records} "
                       "sample records")
     if not records:
-        usual = _usual_counts(d, prof, kind)
+        usual = _usual_counts(d, prof, kind, columns)
         if usual is not None:
             return [], _account(d, [], usual[0], usual[1], max_records, room)
     out: list[Sample] = []
@@ -277,24 +287,23 @@ def _account(d: Dictionary, out: list[Sample], plain: int, plain_total: int,
     return n
 
 
-def _usual_counts(d: Dictionary, prof: Any, kind: Kind) -> tuple[int, int] | None:
+def _usual_counts(d: Dictionary, prof: Any, kind: Kind,
+                  columns: native.Columns | None = None) -> tuple[int, int] | None:
     """A gateway's checks of the usual profile's samples (one value each, no timestamps,
     no attributes) column by column, with builtins over each column instead of Python per
     sample: (records, their total value), or ``None`` when a sample is unusual or anything
     is wrong, for the per-sample loop to decide and word (it then meets the same first
     problem: links and values are checked first, and the stacks, whose budget is the only
-    state a check leaves, last and in the order the loop would take them)."""
-    samples = prof.samples
-    values = [s.values for s in samples]
-    if not values or set(map(len, values)) != {1}:
+    state a check leaves, last and in the order the loop would take them). ``columns``:
+    the samples' columns read from the request's bytes by the native library (only usual
+    samples make them), instead of reading every sample through upb."""
+    got = _upb_columns(prof) if columns is None or len(columns[0]) != len(prof.samples) \
+        else (columns[0].tolist(), columns[1].tolist(), columns[2].tolist())
+    if got is None or not got[2]:
         return None
-    raws = [v[0] for v in values]
+    stacks, links, raws = got
     low, high = min(raws), max(raws)
     if low < 0:
-        return None
-    links = [s.link_index for s in samples]
-    stacks = [s.stack_index for s in samples]
-    if not _only_these_fields(prof, stacks, links, raws):
         return None
     top = high * kind.per_value
     ticks = high if kind.value_is_count else (
@@ -302,6 +311,11 @@ def _usual_counts(d: Dictionary, prof: Any, kind: Kind) -> tuple[int, int] | Non
         else 1)
     if top > MAX_SAMPLE_VALUE or ticks > MAX_COUNT:  # both grow with the raw value
         return None
+    if d.verified:  # every entry checked natively, and no use can exceed the budget
+        n_links, n_stacks = len(d.links), len(d.stacks_tbl)
+        if columns is not None and max(stacks) < n_stacks and (
+                max(links) < n_links or (n_links == 0 and max(links) == 0)):
+            return len(raws) - raws.count(0), sum(raws) * kind.per_value
     try:
         for li in dict.fromkeys(links):
             d.link(li)
@@ -310,6 +324,32 @@ def _usual_counts(d: Dictionary, prof: Any, kind: Kind) -> tuple[int, int] | Non
     except (Invalid, StackRefused):
         return None
     return len(raws) - raws.count(0), sum(raws) * kind.per_value
+
+
+def _verified(d: Dictionary, summary: native.Summary | None) -> bool:
+    """Whether the native check of every dictionary entry (``summary``) covers what the
+    profiles' samples can use: the same tables, and no use of them able to go over what is
+    left of the stack budget (so the per-entry checks and charges may be skipped)."""
+    t = d.table
+    return summary is not None and (summary.strings, summary.links, summary.stacks) == (
+        d.n_str, len(d.links), len(d.stacks_tbl)) and summary.depth <= t.max_depth and (
+        t.frames - FRAME_FANOUT * t.refs + summary.excess <= FRAME_SLACK) and (
+        t.text + summary.text <= t.max_text)
+
+
+def _upb_columns(prof: Any) -> tuple[list[int], list[int], list[int]] | None:
+    """The usual samples' stack indices, link indices and values, read through upb;
+    None when a sample is unusual."""
+    samples = prof.samples
+    values = [s.values for s in samples]
+    if not values or set(map(len, values)) != {1}:
+        return None
+    raws = [v[0] for v in values]
+    links = [s.link_index for s in samples]
+    stacks = [s.stack_index for s in samples]
+    if min(raws) < 0 or not _only_these_fields(prof, stacks, links, raws):
+        return None
+    return stacks, links, raws
 
 
 # varint sizes: a value v takes 1 + (number of these it is at least) bytes

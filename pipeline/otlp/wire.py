@@ -52,7 +52,10 @@ def _skip(b: bytes, i: int, wire: int) -> int:
 
 def _fields(b: bytes, start: int, end: int) -> Iterable[tuple[int, int, int, int]]:
     """(field number, start of the whole field, start of its payload, end) of each field;
-    for a non-length field the payload start is the value's start."""
+    a field that is not length-delimited is reported as field 0, its payload start being
+    the value's start: every field these splitters read or cut is a message, bytes or a
+    string, and upb keeps a scalar under such a number as an unknown field (a hostile
+    request's varint field 1 in a request is not a resource)."""
     i = start
     while i < end:
         f0 = i
@@ -64,7 +67,7 @@ def _fields(b: bytes, start: int, end: int) -> Iterable[tuple[int, int, int, int
             i += n
         else:
             j = _skip(b, i, wire)
-            yield tag >> 3, f0, i, j
+            yield 0, f0, i, j
             i = j
 
 

@@ -251,7 +251,7 @@ class GrpcServer:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(err))
         if decoded is None:
             decoded = decode(req, records, data) if signal == "traces" \
-                else decode(req, records)
+                else decode(req, records, wire=data)
         if len(decoded.batch):
             decoded.batch.tenant = tenant
             await self._deliver(signal, decoded.batch, context,

@@ -129,8 +129,9 @@ class HttpServer(HttpReceiver):
             check_items(len(decoded.batch) if decoded is not None else count_items(signal, req),
                         getattr(self.cfg, limit_key), items, limit_key)
             if decoded is None:
-                decoded = decode(req, records, None if is_json else body) \
-                    if signal == "traces" else decode(req, records)
+                wire = None if is_json else body
+                decoded = decode(req, records, wire) if signal == "traces" \
+                    else decode(req, records, wire=wire)
         except TooLarge as err:
             self.metrics["refused_requests"] += 1
             return self._error(413, f"receivers.{self.ctx.id}.protocols.http: {err}", is_json)

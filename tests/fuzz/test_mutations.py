@@ -35,7 +35,7 @@ from tests.fuzz import strategies as S
 from tests.fuzz.storable import storable
 from tests.fuzz.support import PROFILE, byte_mutator, run_mutants
 from tests.fuzz.test_decoders import CFG, SMALL, _profiles, _traces
-from tests.fuzz.test_native import native_agrees
+from tests.fuzz.test_native import native_agrees, profiles_agree
 
 MUTANTS = int(os.environ.get("SPANPROF_FUZZ_MUTATIONS",
                              120_000 if PROFILE == "fuzz" else 600))
@@ -114,6 +114,9 @@ DECODERS: dict[str, tuple[Callable[[], list[bytes]], Callable[[bytes], None]]] =
     "otlp_traces_native": (lambda: [m.SerializeToString() for m in
                                     _examples(S.trace_requests(tame=True), CORPUS)],
                            native_agrees),
+    "otlp_profiles_native": (lambda: [m.SerializeToString() for m in
+                                      _examples(S.profile_requests(tame=True), CORPUS)],
+                             profiles_agree),
     "otlp_profiles_proto": (lambda: [m.SerializeToString() for m in
                                      _examples(S.profile_requests(), CORPUS)],
                             _proto(ExportProfilesServiceRequest, _profiles)),

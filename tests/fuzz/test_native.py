@@ -1,7 +1,8 @@
 """pipeline/native (the gateway's trace path in Rust) against the Python path it stands in
 for, on the same bytes: whatever the library takes, the Python path takes with the same
 span count and nothing refused, and the library's split is the Python split byte for byte
-(message keys, their order, every message). The library may hand any request back (None):
+(message keys, their order, every message); the same for the profile split
+(``profiles_agree``). The library may hand any request back (None):
 the receiver then parses it in Python; ``test_usual_requests_are_taken`` holds it to
 taking the usual ones. test_mutations.py runs ``native_agrees`` on byte mutants."""
 
@@ -13,12 +14,17 @@ from google.protobuf.message import DecodeError
 from hypothesis import event, given
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
+from opentelemetry.proto.collector.profiles.v1development.profiles_service_pb2 import (
+    ExportProfilesServiceRequest,
+)
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from pipeline import native
 from pipeline.kafka.buckets import Buckets
+from pipeline.otlp.profiles import decode_profiles
 from pipeline.otlp.traces import decode_traces
 from pipeline.otlp.wire import split_trace_bytes
+from pipeline.otlp.wire_profiles import split_profile_bytes
 from tests.fuzz import strategies as S
 from tests.fuzz.support import FUZZ, count
 
@@ -72,3 +78,43 @@ def _encoded(req: Any) -> bytes:
 def test_native_agrees_with_python(data: bytes) -> None:
     count("otlp_traces_native")
     native_agrees(data)
+
+
+def profiles_agree(data: bytes) -> None:
+    """The profile path's property, for any bytes: the gateway's checks give the same
+    answer with the samples read natively; on a request they accept whole, the library's
+    parts are ``split_profile_bytes``'s (or both compact, or the library hands it back)."""
+    try:
+        req = ExportProfilesServiceRequest.FromString(data)
+    except DecodeError:
+        return
+    dec = decode_profiles(req, records=False)
+    # the gateway's checks with the samples read natively: the same answer
+    cols = decode_profiles(ExportProfilesServiceRequest.FromString(data), records=False,
+                           wire=data)
+    assert (len(cols.batch), cols.rejected, cols.message, cols.batch.sources[0][1]) == (
+        len(dec.batch), dec.rejected, dec.message, dec.batch.sources[0][1])
+    if dec.rejected:
+        _note("profiles: python refuses")
+        return
+    wire = req.SerializeToString()
+    for partitioner, partitions in KEYINGS[1:]:
+        got = native.profiles_split(wire, partitioner, partitions)
+        try:
+            want = split_profile_bytes(req, (), Buckets(partitioner, partitions))  # type: ignore[arg-type]
+        except ValueError:
+            assert got is None
+            continue
+        _note(f"profiles: native {'hands back' if got is None else 'splits'}")
+        if got == native.COMPACT:
+            assert want is None
+        elif got is not None:
+            assert want is not None and list(got.items()) == list(want.items()), partitioner
+
+
+@FUZZ
+@given(st.one_of(S.profile_requests(tame=True).map(_encoded),
+                 S.profile_requests().map(_encoded), S.mutated(S.profile_requests(tame=True))))
+def test_native_profile_split_agrees_with_python(data: bytes) -> None:
+    count("otlp_profiles_native")
+    profiles_agree(data)

@@ -8,6 +8,9 @@ from __future__ import annotations
 import pytest
 from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.proto.collector.profiles.v1development.profiles_service_pb2 import (
+    ExportProfilesServiceRequest,
+)
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
@@ -16,7 +19,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from pipeline import native
 from pipeline.kafka.buckets import Buckets
-from pipeline.otlp.bounds import TIME_MAX_NS
+from pipeline.otlp.bounds import FRAME_FANOUT, FRAME_SLACK, TIME_MAX_NS
+from pipeline.otlp.builder import ProfileBuilder
+from pipeline.otlp.profiles import decode_profiles
 from pipeline.otlp.traces import check_trace_bytes, decode_traces
 from pipeline.otlp.wire import split_trace_bytes
 
@@ -132,3 +137,71 @@ def test_events_and_links_checked() -> None:
     span.links.add(trace_id=b"\x07" * 15)
     assert native.traces_check(ok.SerializeToString()) is None
     assert decode_traces(ok, records=False).rejected == 1
+
+
+def _profiles() -> ExportProfilesServiceRequest:
+    b = ProfileBuilder()
+    for i in range(40):
+        b.sample([f"leaf{i % 7}", "mid", "main"], 10_000_000, bytes([i % 5 + 1]) * 16,
+                 bytes([i + 1]) * 8, service="svc")
+    return b.build()
+
+
+def _lean(req: ExportProfilesServiceRequest, wire: bytes | None = None) -> tuple[object, ...]:
+    d = decode_profiles(req, records=False, wire=wire)
+    return len(d.batch), d.rejected, d.message
+
+
+def test_profile_columns_and_dictionary_of_a_usual_request() -> None:
+    req = _profiles()
+    wire = req.SerializeToString()
+    cols = native.profile_columns(wire)
+    assert cols is not None and len(cols) == 1 and cols[0] is not None
+    stacks, links, values = cols[0]
+    samples = req.resource_profiles[0].scope_profiles[0].profiles[0].samples
+    assert stacks.tolist() == [s.stack_index for s in samples]
+    assert links.tolist() == [s.link_index for s in samples]
+    assert values.tolist() == [s.values[0] for s in samples]
+    summary = native.dictionary_summary(wire, FRAME_FANOUT)
+    d = req.dictionary
+    assert summary is not None and (summary.strings, summary.links, summary.stacks) == (
+        len(d.string_table), len(d.link_table), len(d.stack_table))
+    assert summary.depth == 3 and summary.excess == 0
+    assert _lean(req, wire) == _lean(req) == (40, 0, "")
+
+
+def test_unusual_samples_and_entries_are_left_to_python() -> None:
+    req = _profiles()
+    prof = req.resource_profiles[0].scope_profiles[0].profiles[0]
+    prof.samples[3].timestamps_unix_nano.append(10**18)  # an unusual sample
+    cols = native.profile_columns(req.SerializeToString())
+    assert cols is not None and cols[0] is None
+    req = _profiles()
+    req.dictionary.link_table.add(trace_id=b"\x01" * 15, span_id=b"\x02" * 8)  # unused, bad
+    wire = req.SerializeToString()
+    assert native.dictionary_summary(wire, FRAME_FANOUT) is None
+    assert _lean(req, wire) == _lean(req) == (40, 0, "")
+    req.resource_profiles[0].scope_profiles[0].profiles[0].samples[0].link_index = \
+        len(req.dictionary.link_table) - 1  # now used: refused, named the same
+    wire = req.SerializeToString()
+    assert _lean(req, wire) == _lean(req) and _lean(req)[1] == 1
+
+
+def test_amplifying_stacks_are_not_verified() -> None:
+    """Stacks whose frames outgrow their references (one location of many lines used again
+    and again): the budget refuses them, with or without the native columns."""
+    req = _profiles()
+    d = req.dictionary
+    loc = d.location_table[1]
+    for _ in range(200):
+        loc.lines.add(function_index=loc.lines[0].function_index, line=1)
+    samples = req.resource_profiles[0].scope_profiles[0].profiles[0].samples
+    for k in range(20):  # each 39 x 201 frames: under the depth limit, far over the fanout
+        d.stack_table.add().location_indices.extend([1] * 39)
+        samples[k].stack_index = len(d.stack_table) - 1
+    wire = req.SerializeToString()
+    summary = native.dictionary_summary(wire, FRAME_FANOUT)
+    assert summary is not None and summary.excess > FRAME_SLACK
+    assert summary.depth <= 8192
+    got = _lean(req, wire)
+    assert got == _lean(req) and got[1] == 1 and "per reference" in str(got[2])

@@ -23,30 +23,32 @@
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
+mod profiles;
+
 /// 2106-01-01T00:00:00Z in ns (`pipeline/otlp/bounds.py`).
 const TIME_MAX_NS: u64 = 4_291_747_200 * 1_000_000_000;
 /// AnyValue inside AnyValue (arrays, kvlists) this deep at most; upb's own limit is 100
 /// messages in all, and a request's spans sit 5 deep.
 const MAX_VALUE_DEPTH: u32 = 16;
 
-const VARINT: u8 = 0;
-const I64: u8 = 1;
-const LEN: u8 = 2;
-const I32: u8 = 5;
+pub(crate) const VARINT: u8 = 0;
+pub(crate) const I64: u8 = 1;
+pub(crate) const LEN: u8 = 2;
+pub(crate) const I32: u8 = 5;
 
 /// One field: its number and wire type, where it starts (its tag), where its payload
 /// starts and ends (for LEN: the bytes; else the value's bytes), and a scalar's value.
-struct Field {
-    num: u32,
-    wire: u8,
-    start: usize,
-    p: usize,
-    q: usize,
-    v: u64,
+pub(crate) struct Field {
+    pub(crate) num: u32,
+    pub(crate) wire: u8,
+    pub(crate) start: usize,
+    pub(crate) p: usize,
+    pub(crate) q: usize,
+    pub(crate) v: u64,
 }
 
 #[inline(always)]
-fn varint(b: &[u8], i: &mut usize, end: usize) -> Option<u64> {
+pub(crate) fn varint(b: &[u8], i: &mut usize, end: usize) -> Option<u64> {
     if *i < end {
         let x = *b.get(*i)?;
         if x < 0x80 {
@@ -101,7 +103,7 @@ fn varint_len(v: u64) -> usize {
 
 /// The field at `*i` (before `end`), or None when it is not one this walk accepts.
 #[inline(always)]
-fn field(b: &[u8], i: &mut usize, end: usize) -> Option<Field> {
+pub(crate) fn field(b: &[u8], i: &mut usize, end: usize) -> Option<Field> {
     let start = *i;
     let tag = match b.get(start) {
         Some(&t) if t < 0x80 && start < end => {
@@ -162,7 +164,7 @@ fn field(b: &[u8], i: &mut usize, end: usize) -> Option<Field> {
 
 /// Calls `each` with every field of `b[p..q]`; None as soon as one is refused.
 #[inline]
-fn fields(b: &[u8], p: usize, q: usize, mut each: impl FnMut(&Field) -> Option<()>) -> Option<()> {
+pub(crate) fn fields(b: &[u8], p: usize, q: usize, mut each: impl FnMut(&Field) -> Option<()>) -> Option<()> {
     let mut i = p;
     while i < q {
         let f = field(b, &mut i, q)?;
@@ -182,7 +184,7 @@ fn utf8(b: &[u8], f: &Field) -> Option<()> {
 }
 
 #[inline]
-fn want(f: &Field, wire: u8) -> Option<()> {
+pub(crate) fn want(f: &Field, wire: u8) -> Option<()> {
     if f.wire == wire {
         Some(())
     } else {
@@ -495,13 +497,13 @@ fn hex16(id: &[u8]) -> [u8; 32] {
 /// How a trace id's message is chosen: one message per trace, or per partition of the
 /// id's hex key (`pipeline/kafka`'s partitioners).
 #[derive(Clone, Copy)]
-enum Keying {
+pub(crate) enum Keying {
     Trace,
     Sarama(u32),
     Murmur2(u32),
 }
 
-fn partition(keying: Keying, tid: &[u8]) -> u32 {
+pub(crate) fn partition(keying: Keying, tid: &[u8]) -> u32 {
     let key = hex16(tid);
     match keying {
         Keying::Trace => 0,
@@ -511,7 +513,7 @@ fn partition(keying: Keying, tid: &[u8]) -> u32 {
     }
 }
 
-fn put_header(out: &mut Vec<u8>, field: u32, size: usize) {
+pub(crate) fn put_header(out: &mut Vec<u8>, field: u32, size: usize) {
     for mut v in [u64::from(field << 3 | u32::from(LEN)), size as u64] {
         while v >= 0x80 {
             out.push((v as u8 & 0x7F) | 0x80);
@@ -521,11 +523,11 @@ fn put_header(out: &mut Vec<u8>, field: u32, size: usize) {
     }
 }
 
-fn ranges_len(r: &[(usize, usize)]) -> usize {
+pub(crate) fn ranges_len(r: &[(usize, usize)]) -> usize {
     r.iter().map(|(a, z)| z - a).sum()
 }
 
-fn header_len(field: u32, size: usize) -> usize {
+pub(crate) fn header_len(field: u32, size: usize) -> usize {
     varint_len(u64::from(field << 3 | 2)) + varint_len(size as u64)
 }
 
@@ -537,95 +539,192 @@ fn split(b: &[u8], req: &Request, keying: Keying, buf: &mut Vec<u8>, idx: &mut V
     // each span's group: its trace's, or its trace's partition's, numbered in order of
     // first appearance; a group's key is the trace id of its first span
     let mut by_trace: HashMap<[u8; 16], u32> = HashMap::new();
-    let mut by_partition: HashMap<u32, u32> = HashMap::new();
-    let mut group_key: Vec<usize> = Vec::new();
+    let mut groups = Groups::new(keying);
     let mut group_of: Vec<u32> = Vec::with_capacity(req.spans.len());
     for &(_, _, _, t) in &req.spans {
         let tid: [u8; 16] = b[t..t + 16].try_into().unwrap_or([0; 16]);
         let g = match by_trace.get(&tid) {
             Some(&g) => g,
             None => {
-                let next = group_key.len() as u32;
-                let g = match keying {
-                    Keying::Trace => next,
-                    _ => *by_partition.entry(partition(keying, &tid)).or_insert(next),
-                };
-                if g == next {
-                    group_key.push(t);
-                }
+                let g = groups.of_trace(&tid, t as u64);
                 by_trace.insert(tid, g);
                 g
             }
         };
         group_of.push(g);
     }
-    // the spans of each group, in request order (a counting sort)
+    let group_key = &groups.key;
     let groups = group_key.len();
+    let (first, order) = order_by_group(&group_of, groups);
+    let (mut scopes, mut resources) = (Vec::new(), Vec::new());
+    for g in 0..groups {
+        let spans = &order[first[g]..first[g + 1]];
+        let span = |s: u32| req.spans[s as usize];
+        // runs of one scope, then of one resource, with their messages' sizes
+        runs(spans, |s| span(s).0, |sc| ranges_len(&req.scope_heads[sc as usize]),
+             |s| span(s).2 - span(s).1, &mut scopes);
+        outer_runs(&scopes, &req.scope_resource, &req.resource_heads, &mut resources);
+        let msg_start = buf.len();
+        for res in &resources {
+            put_header(buf, 1, res.size);
+            copy(buf, b, &req.resource_heads[res.key as usize]);
+            for sc in &scopes[res.from..res.to] {
+                put_header(buf, 2, sc.size);
+                copy(buf, b, &req.scope_heads[sc.key as usize]);
+                copy_runs(buf, b, &spans[sc.from..sc.to], |s| (span(s).1, span(s).2));
+            }
+        }
+        idx.extend_from_slice(&[group_key[g], msg_start as u64, buf.len() as u64]);
+    }
+}
+
+/// Consecutive items of one parent (`key`): the parent's message covers `from..to` of
+/// the items and is `size` bytes (its own fields, then each item).
+pub(crate) struct Run {
+    pub(crate) key: u32,
+    pub(crate) from: usize,
+    pub(crate) to: usize,
+    pub(crate) size: usize,
+}
+
+/// `items` cut into runs of one parent (`key_of`), each sized as its head (`head`) and
+/// its items (`size_of`, header included), into `out`.
+pub(crate) fn runs(items: &[u32], key_of: impl Fn(u32) -> u32, head: impl Fn(u32) -> usize,
+                   size_of: impl Fn(u32) -> usize, out: &mut Vec<Run>) {
+    out.clear();
+    let mut k = 0;
+    while k < items.len() {
+        let key = key_of(items[k]);
+        let from = k;
+        let mut size = head(key);
+        while k < items.len() && key_of(items[k]) == key {
+            size += size_of(items[k]);
+            k += 1;
+        }
+        out.push(Run { key, from, to: k, size });
+    }
+}
+
+/// Runs of `inner` runs under one parent (`parent[inner key]`), sized with their headers
+/// and each parent's own fields (`heads`).
+pub(crate) fn outer_runs(inner: &[Run], parent: &[u32], heads: &[Vec<(usize, usize)>],
+                         out: &mut Vec<Run>) {
+    let ids: Vec<u32> = (0..inner.len() as u32).collect();
+    runs(&ids, |r| parent[inner[r as usize].key as usize],
+         |p| ranges_len(&heads[p as usize]),
+         |r| header_len(2, inner[r as usize].size) + inner[r as usize].size, out);
+}
+
+/// Byte ranges of `b` given in order, adjacent ones copied as one.
+pub(crate) fn copy_runs(buf: &mut Vec<u8>, b: &[u8], items: &[u32],
+                        bounds: impl Fn(u32) -> (usize, usize)) {
+    let mut j = 0;
+    while j < items.len() {
+        let (a, mut z) = bounds(items[j]);
+        j += 1;
+        while j < items.len() && bounds(items[j]).0 == z {
+            z = bounds(items[j]).1;
+            j += 1;
+        }
+        buf.extend_from_slice(&b[a..z]);
+    }
+}
+
+pub(crate) fn copy(buf: &mut Vec<u8>, b: &[u8], ranges: &[(usize, usize)]) {
+    for &(a, z) in ranges {
+        buf.extend_from_slice(&b[a..z]);
+    }
+}
+
+/// Messages numbered in order of first appearance: one per trace, or per partition of
+/// the traces' hex keys; `key[g]` says where message g's key is (the trace id of its
+/// first item, or u64::MAX for a message of items without a trace).
+pub(crate) struct Groups {
+    keying: Keying,
+    by_partition: HashMap<u32, u32>,
+    pub(crate) key: Vec<u64>,
+}
+
+impl Groups {
+    pub(crate) fn new(keying: Keying) -> Self {
+        Groups { keying, by_partition: HashMap::new(), key: Vec::new() }
+    }
+
+    /// The message of a trace not seen before (`tid`, at offset `at` of the request).
+    pub(crate) fn of_trace(&mut self, tid: &[u8], at: u64) -> u32 {
+        let next = self.key.len() as u32;
+        let g = match self.keying {
+            Keying::Trace => next,
+            k => *self.by_partition.entry(partition(k, tid)).or_insert(next),
+        };
+        if g == next {
+            self.key.push(at);
+        }
+        g
+    }
+
+    /// A message of its own (keyed `key`).
+    pub(crate) fn add(&mut self, key: u64) -> u32 {
+        self.key.push(key);
+        self.key.len() as u32 - 1
+    }
+}
+
+/// The items of each group in their order (a counting sort): `order[first[g]..first[g +
+/// 1]]` are group g's item numbers.
+pub(crate) fn order_by_group(group_of: &[u32], groups: usize) -> (Vec<usize>, Vec<u32>) {
     let mut first = vec![0usize; groups + 1];
-    for &g in &group_of {
+    for &g in group_of {
         first[g as usize + 1] += 1;
     }
     for g in 0..groups {
         first[g + 1] += first[g];
     }
     let mut fill = first.clone();
-    let mut order = vec![0u32; req.spans.len()];
+    let mut order = vec![0u32; group_of.len()];
     for (s, &g) in group_of.iter().enumerate() {
         order[fill[g as usize]] = s as u32;
         fill[g as usize] += 1;
     }
-    let mut scopes: Vec<(u32, usize, usize, usize)> = Vec::new(); // scope, from, to, size
-    for g in 0..groups {
-        let spans = &order[first[g]..first[g + 1]];
-        // runs of one scope: their inner sizes
-        scopes.clear();
-        let mut k = 0;
-        while k < spans.len() {
-            let sc = req.spans[spans[k] as usize].0;
-            let from = k;
-            let mut size = ranges_len(&req.scope_heads[sc as usize]);
-            while k < spans.len() && req.spans[spans[k] as usize].0 == sc {
-                let (_, a, z, _) = req.spans[spans[k] as usize];
-                size += z - a;
-                k += 1;
-            }
-            scopes.push((sc, from, k, size));
-        }
-        let msg_start = buf.len();
-        let mut r = 0;
-        while r < scopes.len() {
-            let res = req.scope_resource[scopes[r].0 as usize];
-            let mut to = r;
-            let mut size = ranges_len(&req.resource_heads[res as usize]);
-            while to < scopes.len() && req.scope_resource[scopes[to].0 as usize] == res {
-                size += header_len(2, scopes[to].3) + scopes[to].3;
-                to += 1;
-            }
-            put_header(buf, 1, size);
-            for &(a, z) in &req.resource_heads[res as usize] {
-                buf.extend_from_slice(&b[a..z]);
-            }
-            for &(sc, from, until, inner) in &scopes[r..to] {
-                put_header(buf, 2, inner);
-                for &(a, z) in &req.scope_heads[sc as usize] {
-                    buf.extend_from_slice(&b[a..z]);
-                }
-                // adjacent spans copied as one run
-                let mut j = from;
-                while j < until {
-                    let (_, a, mut z, _) = req.spans[spans[j] as usize];
-                    j += 1;
-                    while j < until && req.spans[spans[j] as usize].1 == z {
-                        z = req.spans[spans[j] as usize].2;
-                        j += 1;
-                    }
-                    buf.extend_from_slice(&b[a..z]);
-                }
-            }
-            r = to;
-        }
-        idx.extend_from_slice(&[group_key[g] as u64, msg_start as u64, buf.len() as u64]);
+    (first, order)
+}
+
+/// Why a split was not made here.
+pub(crate) enum Refused {
+    /// The Python path decides (something unexpected).
+    Unsure,
+    /// The parts' copies of the dictionary would outweigh the request: compact instead.
+    TooLarge,
+}
+
+type Splitter = fn(&[u8], Keying, &mut Vec<u8>, &mut Vec<u64>) -> Result<(), Refused>;
+
+/// A split behind the C boundary: the number of messages, with `out` filled; -1 when the
+/// Python path must do it, -2 for `Refused::TooLarge`.
+unsafe fn split_at_boundary(data: *const u8, len: usize, hasher: u32, partitions: u32,
+                            out: *mut Out, splitter: Splitter) -> i64 {
+    let b = input(data, len);
+    let keying = match keying(hasher, partitions) {
+        Some(k) if !out.is_null() => k,
+        _ => return -1,
+    };
+    let done = catch_unwind(AssertUnwindSafe(|| {
+        let mut buf = Vec::with_capacity(b.len() + 64);
+        let mut idx = Vec::new();
+        splitter(b, keying, &mut buf, &mut idx).map(|_| (buf, idx))
+    }));
+    match done {
+        Ok(Ok((buf, idx))) => hand_out(buf, idx, out),
+        Ok(Err(Refused::TooLarge)) => -2,
+        _ => -1,
     }
+}
+
+fn split_traces(b: &[u8], keying: Keying, buf: &mut Vec<u8>, idx: &mut Vec<u64>)
+                -> Result<(), Refused> {
+    let req = walk(b, false).ok_or(Refused::Unsure)?;
+    split(b, &req, keying, buf, idx);
+    Ok(())
 }
 
 /// Vectors handed to the caller, given back to `spanprof_out_free`.
@@ -671,43 +770,96 @@ pub unsafe extern "C" fn spanprof_traces_check(data: *const u8, len: usize) -> i
 #[no_mangle]
 pub unsafe extern "C" fn spanprof_traces_split(data: *const u8, len: usize, hasher: u32,
                                                partitions: u32, out: *mut Out) -> i64 {
+    split_at_boundary(data, len, hasher, partitions, out, split_traces)
+}
+
+fn keying(hasher: u32, partitions: u32) -> Option<Keying> {
+    match (hasher, partitions) {
+        (0, _) => Some(Keying::Trace),
+        (1, n) if n > 0 => Some(Keying::Sarama(n)),
+        (2, n) if n > 0 => Some(Keying::Murmur2(n)),
+        _ => None,
+    }
+}
+
+/// Hands `buf` and `idx` to the caller through `out`: the number of parts.
+unsafe fn hand_out(buf: Vec<u8>, idx: Vec<u64>, out: *mut Out) -> i64 {
+    let n = (idx.len() / 3) as i64;
+    let mut buf = std::mem::ManuallyDrop::new(buf);
+    let mut idx = std::mem::ManuallyDrop::new(idx);
+    *out = Out {
+        buf: buf.as_mut_ptr(),
+        buf_len: buf.len(),
+        buf_cap: buf.capacity(),
+        idx: idx.as_mut_ptr(),
+        idx_len: idx.len(),
+        idx_cap: idx.capacity(),
+    };
+    n
+}
+
+/// A checked ExportProfilesServiceRequest split by the partition of each sample's trace
+/// (`profiles.rs`): the number of parts, filling `out` (free it with `spanprof_out_free`;
+/// a part's key offset is u64::MAX for the samples without a trace); -1 when the Python
+/// path must do it, -2 when the parts' dictionaries would outweigh the request (compact).
+///
+/// # Safety
+/// `data` points to `len` readable bytes for the duration of the call; `out` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn spanprof_profiles_split(data: *const u8, len: usize, hasher: u32,
+                                                 partitions: u32, out: *mut Out) -> i64 {
+    split_at_boundary(data, len, hasher, partitions, out, profiles::split)
+}
+
+/// The samples of an ExportProfilesServiceRequest upb parsed, as columns
+/// (`profiles::columns`) in `out`'s `idx` (free it with `spanprof_out_free`): the number of
+/// profiles, or -1 when the Python path reads them.
+///
+/// # Safety
+/// `data` points to `len` readable bytes for the duration of the call; `out` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn spanprof_profiles_columns(data: *const u8, len: usize,
+                                                   out: *mut Out) -> i64 {
     let b = input(data, len);
     if out.is_null() {
         return -1;
     }
-    let keying = match (hasher, partitions) {
-        (0, _) => Keying::Trace,
-        (1, n) if n > 0 => Keying::Sarama(n),
-        (2, n) if n > 0 => Keying::Murmur2(n),
-        _ => return -1,
-    };
-    let done = catch_unwind(AssertUnwindSafe(|| {
-        let req = walk(b, false)?;
-        let mut buf = Vec::with_capacity(b.len() + 64);
-        let mut idx = Vec::new();
-        split(b, &req, keying, &mut buf, &mut idx);
-        Some((buf, idx))
-    }));
-    match done {
-        Ok(Some((buf, idx))) => {
-            let n = (idx.len() / 3) as i64;
-            let mut buf = std::mem::ManuallyDrop::new(buf);
-            let mut idx = std::mem::ManuallyDrop::new(idx);
-            *out = Out {
-                buf: buf.as_mut_ptr(),
-                buf_len: buf.len(),
-                buf_cap: buf.capacity(),
-                idx: idx.as_mut_ptr(),
-                idx_len: idx.len(),
-                idx_cap: idx.capacity(),
-            };
-            n
+    match catch_unwind(|| profiles::columns(b)) {
+        Ok(Some(cols)) => {
+            let profiles = cols[0] as i64;
+            hand_out(Vec::new(), cols, out);
+            profiles
         }
         _ => -1,
     }
 }
 
-/// Gives back what `spanprof_traces_split` handed out.
+/// Every entry of an ExportProfilesServiceRequest's dictionary checked
+/// (`profiles::dictionary`): 0 and `out` = [strings, links, stacks, depth, excess, text],
+/// or -1 when the Python path checks the entries the profiles use.
+///
+/// # Safety
+/// `data` points to `len` readable bytes for the duration of the call; `out` points to
+/// six writable u64.
+#[no_mangle]
+pub unsafe extern "C" fn spanprof_profiles_dictionary(data: *const u8, len: usize, fanout: u64,
+                                                      out: *mut u64) -> i64 {
+    let b = input(data, len);
+    if out.is_null() {
+        return -1;
+    }
+    match catch_unwind(|| profiles::dictionary(b, fanout)) {
+        Ok(Some(s)) => {
+            let got = [s.strings, s.links, s.stacks, s.depth, s.excess, s.text];
+            std::ptr::copy_nonoverlapping(got.as_ptr(), out, got.len());
+            0
+        }
+        _ => -1,
+    }
+}
+
+/// Gives back what `spanprof_traces_split`, `spanprof_profiles_split` or
+/// `spanprof_profiles_columns` handed out.
 ///
 /// # Safety
 /// `out` was filled by `spanprof_traces_split` and not freed since.

@@ -76,3 +76,19 @@ def test_a_trace_id_after_other_fields_is_found() -> None:
     assert list(got) == [TRACES[2].hex()]
     assert ExportTraceServiceRequest.FromString(got[TRACES[2].hex()]) == \
         ExportTraceServiceRequest.FromString(data)
+
+
+def test_scalars_under_message_numbers_are_not_cut_as_messages() -> None:
+    """A varint under a message's number (upb: an unknown field) is neither a resource,
+    a scope nor a span's trace id."""
+    req = _request([[[0, 1]]])
+    data = req.SerializeToString() + b"\x08\x07"
+    rs = req.resource_spans[0].SerializeToString() + b"\x10\x05"  # ResourceSpans: scope_spans
+    data2 = _header(1, len(rs)) + rs
+    for d in (data, data2):
+        parsed = ExportTraceServiceRequest.FromString(d)
+        want = split_traces(parsed)
+        got = split_trace_bytes(d)
+        assert got.keys() == want.keys()
+        for key, msg in got.items():
+            assert ExportTraceServiceRequest.FromString(msg) == want[key]

@@ -136,3 +136,13 @@ def test_many_parts_of_a_long_link_table_are_left_to_compaction() -> None:
     req = b.build()
     assert split_profile_bytes(req, (), lambda key: int(key[-4:], 16) % 64) is None
     assert split_profile_bytes(req, (), lambda key: int(key[-4:], 16) % 2) is not None
+
+
+def test_scalars_under_message_numbers_are_not_cut_as_messages() -> None:
+    """upb keeps a varint under a message's field number as an unknown field and writes it
+    back: the splitter must not take it for a resource (it raised IndexError before)."""
+    b = ProfileBuilder()
+    b.sample(["main", "work"], 10_000_000, b"\x01" * 16, b"\x02" * 8, service="svc")
+    req = ExportProfilesServiceRequest.FromString(b.build().SerializeToString() + b"\x08\x07")
+    assert req.resource_profiles and decode_profiles(req).rejected == 0
+    assert _same_parts(req) == 1
