@@ -47,6 +47,7 @@ from google.rpc import error_details_pb2, status_pb2
 from opentelemetry.proto.collector.profiles.v1development import profiles_service_pb2 as pps
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as tps
 
+from pipeline import native
 from pipeline.config import (
     Duration,
     MessageSizeMiB,
@@ -177,8 +178,9 @@ class GrpcServer:
             raise ConfigError(f"receivers.{self.ctx.id}.protocols.grpc.endpoint: cannot listen "
                               f"on {g.endpoint}: {err}") from None
         await self.server.start()
+        # native: a gateway's usual requests are checked and split in pipeline/native
         self.log.info("otlp_grpc_listening", endpoint=g.endpoint, port=self.port,
-                      tls=self.tls is not None)
+                      tls=self.tls is not None, native=native.AVAILABLE)
 
     async def _deliver(self, signal: str, batch: Any, context: grpc.aio.ServicerContext,
                        key: int) -> None:
