@@ -1,4 +1,5 @@
-"""The gateway's trace path on wire bytes, in Rust (``src/lib.rs``), loaded with ctypes.
+"""The gateway's OTLP path on wire bytes, in Rust (``src/lib.rs``, ``src/profiles.rs``),
+loaded with ctypes.
 
 ``pip install`` builds the library with cargo (setuptools-rust, ``pyproject.toml``); it has
 no dependencies beyond the Rust toolchain. Without it (no toolchain where spanprof was
@@ -41,41 +42,49 @@ class _Out(ctypes.Structure):
                 ("idx_len", ctypes.c_size_t), ("idx_cap", ctypes.c_size_t)]
 
 
-def _load() -> ctypes.CDLL | None:
+def _load() -> tuple[ctypes.CDLL | None, str]:
+    """The library, or None and why not."""
     if os.environ.get("SPANPROF_NATIVE", "1") == "0":
-        return None
+        return None, "SPANPROF_NATIVE=0"
     here = Path(__file__).parent
     for path in sorted(here.glob("_wire*.so")):
-        lib = ctypes.CDLL(str(path))
-        lib.spanprof_traces_check.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
-        lib.spanprof_traces_check.restype = ctypes.c_int64
-        lib.spanprof_traces_split.argtypes = [ctypes.c_char_p, ctypes.c_size_t,
-                                              ctypes.c_uint32, ctypes.c_uint32,
+        try:
+            return _bind(ctypes.CDLL(str(path))), ""
+        except (OSError, AttributeError) as err:  # unloadable, or built from older sources
+            return None, f"{path.name}: {err}"
+    return None, "not built (no cargo where spanprof was installed)"
+
+
+def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
+    """Each function's C signature (AttributeError: a library built before one existed)."""
+    lib.spanprof_traces_check.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+    lib.spanprof_traces_check.restype = ctypes.c_int64
+    lib.spanprof_traces_split.argtypes = [ctypes.c_char_p, ctypes.c_size_t,
+                                          ctypes.c_uint32, ctypes.c_uint32,
+                                          ctypes.POINTER(_Out)]
+    lib.spanprof_traces_split.restype = ctypes.c_int64
+    lib.spanprof_profiles_split.argtypes = lib.spanprof_traces_split.argtypes
+    lib.spanprof_profiles_split.restype = ctypes.c_int64
+    lib.spanprof_profiles_columns.argtypes = [ctypes.c_char_p, ctypes.c_size_t,
                                               ctypes.POINTER(_Out)]
-        lib.spanprof_traces_split.restype = ctypes.c_int64
-        lib.spanprof_profiles_split.argtypes = lib.spanprof_traces_split.argtypes
-        lib.spanprof_profiles_split.restype = ctypes.c_int64
-        lib.spanprof_profiles_columns.argtypes = [ctypes.c_char_p, ctypes.c_size_t,
-                                                  ctypes.POINTER(_Out)]
-        lib.spanprof_profiles_columns.restype = ctypes.c_int64
-        lib.spanprof_profiles_dictionary.argtypes = [ctypes.c_char_p, ctypes.c_size_t,
-                                                     ctypes.c_uint64,
-                                                     ctypes.POINTER(ctypes.c_uint64)]
-        lib.spanprof_profiles_dictionary.restype = ctypes.c_int64
-        lib.spanprof_out_free.argtypes = [ctypes.POINTER(_Out)]
-        lib.spanprof_out_free.restype = None
-        return lib
-    return None
+    lib.spanprof_profiles_columns.restype = ctypes.c_int64
+    lib.spanprof_profiles_dictionary.argtypes = [ctypes.c_char_p, ctypes.c_size_t,
+                                                 ctypes.c_uint64,
+                                                 ctypes.POINTER(ctypes.c_uint64)]
+    lib.spanprof_profiles_dictionary.restype = ctypes.c_int64
+    lib.spanprof_out_free.argtypes = [ctypes.POINTER(_Out)]
+    lib.spanprof_out_free.restype = None
+    return lib
 
 
-_lib = _load()
+_lib, WHY_NOT = _load()
 AVAILABLE = _lib is not None
 
 
 def traces_check(data: bytes) -> int | None:
     """The number of spans when the request parses and every span passes the checks;
     None when the Python path must decide (it names what it refuses)."""
-    if _lib is None:
+    if _lib is None or type(data) is not bytes:
         return None
     n = int(_lib.spanprof_traces_check(data, len(data)))
     return None if n < 0 else n
@@ -86,7 +95,7 @@ def traces_split(data: bytes, partitioner: str | None = None,
     """Message key -> message, as ``split_trace_bytes(data, (), bucket_of)`` with
     ``bucket_of`` the exporter's ``Buckets(partitioner, partitions)`` (None: a message per
     trace); None when the Python path must do it."""
-    if _lib is None:
+    if _lib is None or type(data) is not bytes:
         return None
     keying = _keying(partitioner, partitions)
     if keying is None:
@@ -101,7 +110,7 @@ def profiles_split(data: bytes, partitioner: str, partitions: int
     ``split_profile_bytes`` makes them from a checked request's bytes (``data``, as upb
     serialises it); ``COMPACT`` when that would answer None (the parts' dictionaries
     outweigh the request); None when the Python path must decide."""
-    if _lib is None:
+    if _lib is None or type(data) is not bytes:
         return None
     keying = _keying(partitioner, partitions)
     if keying is None or keying[0] == 0:
@@ -118,7 +127,7 @@ def profile_columns(data: bytes) -> list[Columns | None] | None:
     fields once each, one value, indices within int32, the value not negative), else
     None for that profile; None for all when the library is not there or the request is
     not what it expects."""
-    if _lib is None:
+    if _lib is None or type(data) is not bytes:
         return None
     out = _Out()
     n = int(_lib.spanprof_profiles_columns(data, len(data), ctypes.byref(out)))
@@ -155,7 +164,7 @@ class Summary(NamedTuple):
 def dictionary_summary(data: bytes, fanout: int) -> Summary | None:
     """``Summary`` of the dictionary of a profile request upb parsed; None when an entry
     is wrong or unusual (or no library): the caller checks the entries its profiles use."""
-    if _lib is None:
+    if _lib is None or type(data) is not bytes:
         return None
     out = (ctypes.c_uint64 * 6)()
     if _lib.spanprof_profiles_dictionary(data, len(data), fanout, out) != 0:

@@ -180,7 +180,8 @@ class GrpcServer:
         await self.server.start()
         # native: a gateway's usual requests are checked and split in pipeline/native
         self.log.info("otlp_grpc_listening", endpoint=g.endpoint, port=self.port,
-                      tls=self.tls is not None, native=native.AVAILABLE)
+                      tls=self.tls is not None, native=native.AVAILABLE,
+                      **({} if native.AVAILABLE else {"native_missing": native.WHY_NOT}))
 
     async def _deliver(self, signal: str, batch: Any, context: grpc.aio.ServicerContext,
                        key: int) -> None:

@@ -205,3 +205,13 @@ def test_amplifying_stacks_are_not_verified() -> None:
     assert summary.depth <= 8192
     got = _lean(req, wire)
     assert got == _lean(req) and got[1] == 1 and "per reference" in str(got[2])
+
+
+def test_buffers_other_than_bytes_are_handed_back() -> None:
+    """ctypes reads a bytes object in place; anything else goes the Python path."""
+    data = _one_span().SerializeToString()
+    assert native.traces_check(data) == 1
+    for other in (bytearray(data), memoryview(data)):
+        assert native.traces_check(other) is None  # type: ignore[arg-type]
+        assert native.traces_split(other) is None  # type: ignore[arg-type]
+        assert native.profile_columns(other) is None  # type: ignore[arg-type]
