@@ -12,7 +12,7 @@ export MALLOC_TRIM_THRESHOLD_ ?= 268435456
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 NATIVE := pipeline/native/Cargo.toml
 
-$(BIN)/.installed: pyproject.toml $(NATIVE) pipeline/native/src/lib.rs
+$(BIN)/.installed: pyproject.toml $(NATIVE) $(wildcard pipeline/native/src/*.rs)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[test,dev]'
