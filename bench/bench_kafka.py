@@ -20,6 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.bench_latency import paced, pct, rss_kib  # noqa: E402
 from bench.bench_pipeline import (  # noqa: E402
     PROFILES,
     TRACE,
@@ -39,6 +40,8 @@ def main() -> None:
     ap.add_argument("--spans", type=int, default=100_000)
     ap.add_argument("--samples", type=int, default=500_000)
     ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--latency-seconds", type=int, default=10,
+                    help="the paced phase at half the measured rates (0: skip it)")
     args = ap.parse_args()
     print(f"building {args.spans} spans and {args.samples} samples ...")
     treqs, keys = trace_requests(args.spans, 1000)
@@ -67,6 +70,10 @@ def main() -> None:
                 time.sleep(0.5)
             t_corr = time.perf_counter() - t0
             assert correlator.stop() == 0
+            if args.latency_seconds:
+                latency = _half_load(broker.bootstrap, Path(tmp) / "lat",
+                                     args.spans / t_spans, args.samples / t_samples,
+                                     args.latency_seconds)
         finally:
             for p in (gateway, correlator):
                 if p.proc is not None and p.proc.poll() is None:
@@ -108,8 +115,53 @@ def main() -> None:
     print(f"  CPU of samples read before their span: {(early[0] or 0) / max(cpu, 1):.1%} "
           f"({early[1]} such rows whose span is stored)")
     print(f"  stored {n_spans} spans, cpu {cpu / 1e9:.1f}s -> check:", "ok" if ok else "MISMATCH")
+    if args.latency_seconds:
+        for line in latency:
+            print(line)
     if not ok:
         sys.exit(1)
+
+
+def _half_load(bootstrap: str, where: Path, spans_per_s: float, samples_per_s: float,
+               seconds: int) -> list[str]:
+    """A new gateway on topics of its own, paced at half the rates the blasts reached
+    (spans for ``seconds``, then samples; fresh requests: resent ones would be answered
+    as duplicates), each acknowledgement timed: what a client waits at half load."""
+    per_t, per_p = 1000, 10_000
+    treqs, keys = trace_requests(int(spans_per_s / 2 * seconds) // per_t * per_t or per_t,
+                                 per_t)
+    preqs = profile_requests(keys, int(samples_per_s / 2 * seconds) // per_p * per_p or per_p,
+                             per_p)
+    names = {"brokers": bootstrap, "group": "bench-latency", "spans": "latency_spans",
+             "profiles": "latency_profiles"}
+    asyncio.run(create_topics(bootstrap, names["spans"], names["profiles"]))
+    gateway = SpanprofProcess(where, config_text=GATEWAY % names)
+    lat: dict[str, list[float]] = {"traces": [], "profiles": []}
+    failures: list[str] = []
+    try:
+        gateway.start()
+        assert gateway.proc is not None
+        rss0 = rss_kib(gateway.proc.pid)
+        # one signal after the other: each at half of what it alone reached
+        paced(gateway.grpc_target, TRACE, treqs, spans_per_s / 2 / per_t, lat["traces"],
+              failures)
+        paced(gateway.grpc_target, PROFILES, preqs, samples_per_s / 2 / per_p,
+              lat["profiles"], failures)
+        rss = rss_kib(gateway.proc.pid)
+        assert gateway.stop() == 0
+    finally:
+        if gateway.proc is not None and gateway.proc.poll() is None:
+            gateway.proc.kill()
+    out = [f"  gateway at half those rates, {seconds}s each ({spans_per_s / 2:,.0f} spans/s in "
+           f"{per_t}-span requests, then {samples_per_s / 2:,.0f} samples/s in {per_p}-sample "
+           "requests), acknowledged once Kafka has the data:"]
+    for sig, xs in lat.items():
+        out.append(f"    {sig:<9} {len(xs):>5} requests  p50 {pct(xs, 50) * 1000:7.1f} ms  "
+                   f"p99 {pct(xs, 99) * 1000:7.1f} ms  max {max(xs, default=0) * 1000:7.1f} ms")
+    if failures:
+        out.append(f"    refused or failed: {len(failures)} ({sorted(set(failures))})")
+    out.append(f"    gateway RSS {rss0 / 1024:.0f} MiB at start, {rss / 1024:.0f} MiB at the end")
+    return out
 
 
 if __name__ == "__main__":
