@@ -60,10 +60,10 @@ from pipeline.errors import ConfigError, InvalidData, Retryable
 from pipeline.kafka import TENANT_HEADER, ClientConfig, PartitionerName
 from pipeline.kafka.backend import Producer, ProducerOptions, Producers, aiokafka_producer
 from pipeline.kafka.buckets import Buckets
-from pipeline.native import profiles_split, traces_split
+from pipeline.native import TOO_LARGE, profiles_split, traces_split
 from pipeline.otlp.builder import encode_profiles
 from pipeline.otlp.split import halve_profiles, halve_traces, split_profiles, split_traces
-from pipeline.otlp.wire import split_trace_bytes
+from pipeline.otlp.wire import split_limit, split_trace_bytes, too_much
 from pipeline.otlp.wire_profiles import split_profile_bytes
 from pipeline.records import Batch, ProfileBatch, SpanBatch
 from pipeline.registry import Context, Factory
@@ -158,8 +158,11 @@ class KafkaExporter:
             if isinstance(req, bytes):
                 # natively when nothing was refused (the usual request), else in Python
                 if not rejected:
-                    parts = traces_split(req, self.cfg.partitioner if bucket else None,
-                                         partitions)
+                    got = traces_split(req, self.cfg.partitioner if bucket else None,
+                                       partitions, split_limit(len(req)))
+                    if got == TOO_LARGE:  # permanent: the same request would be again
+                        raise InvalidData(f"{self.ctx.id}: {too_much(split_limit(len(req)))}")
+                    parts = got if isinstance(got, dict) else None
                 if parts is None:
                     parts = split_trace_bytes(req, rejected, bucket)
             elif isinstance(batch, ProfileBatch):

@@ -33,6 +33,8 @@ _HASHERS = {"sarama_compat": 1, "murmur2": 2}
 # profiles_split's answer when the parts' copies of the dictionary would outweigh the
 # request: the caller compacts each part instead (split.split_profiles)
 COMPACT = "compact"
+# traces_split's answer when the messages would make more than the limit given
+TOO_LARGE = "too large"
 _NO_TRACE = 2**64 - 1  # a part's key offset for the samples without a trace
 
 
@@ -61,9 +63,12 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.spanprof_traces_check.restype = ctypes.c_int64
     lib.spanprof_traces_split.argtypes = [ctypes.c_char_p, ctypes.c_size_t,
                                           ctypes.c_uint32, ctypes.c_uint32,
+                                          ctypes.c_size_t,  # the bytes limit
                                           ctypes.POINTER(_Out)]
     lib.spanprof_traces_split.restype = ctypes.c_int64
-    lib.spanprof_profiles_split.argtypes = lib.spanprof_traces_split.argtypes
+    lib.spanprof_profiles_split.argtypes = [ctypes.c_char_p, ctypes.c_size_t,
+                                            ctypes.c_uint32, ctypes.c_uint32,
+                                            ctypes.POINTER(_Out)]
     lib.spanprof_profiles_split.restype = ctypes.c_int64
     lib.spanprof_profiles_columns.argtypes = [ctypes.c_char_p, ctypes.c_size_t,
                                               ctypes.POINTER(_Out)]
@@ -90,18 +95,19 @@ def traces_check(data: bytes) -> int | None:
     return None if n < 0 else n
 
 
-def traces_split(data: bytes, partitioner: str | None = None,
-                 partitions: int = 0) -> dict[str, bytes] | None:
+def traces_split(data: bytes, partitioner: str | None = None, partitions: int = 0,
+                 limit: int = 2**63) -> dict[str, bytes] | str | None:
     """Message key -> message, as ``split_trace_bytes(data, (), bucket_of)`` with
     ``bucket_of`` the exporter's ``Buckets(partitioner, partitions)`` (None: a message per
-    trace); None when the Python path must do it."""
+    trace); ``TOO_LARGE`` when the messages would make more than ``limit`` bytes; None
+    when the Python path must do it."""
     if _lib is None or type(data) is not bytes:
         return None
     keying = _keying(partitioner, partitions)
     if keying is None:
         return None
-    got = _split(_lib.spanprof_traces_split, data, *keying)
-    return got if isinstance(got, dict) else None
+    got = _split(lambda *a: _lib.spanprof_traces_split(*a[:4], limit, a[4]), data, *keying)
+    return TOO_LARGE if got == COMPACT else got
 
 
 def profiles_split(data: bytes, partitioner: str, partitions: int

@@ -297,8 +297,9 @@ def _usual_counts(d: Dictionary, prof: Any, kind: Kind,
     state a check leaves, last and in the order the loop would take them). ``columns``:
     the samples' columns read from the request's bytes by the native library (only usual
     samples make them), instead of reading every sample through upb."""
-    got = _upb_columns(prof) if columns is None or len(columns[0]) != len(prof.samples) \
-        else (columns[0].tolist(), columns[1].tolist(), columns[2].tolist())
+    native_read = columns is not None and len(columns[0]) == len(prof.samples)
+    got = (columns[0].tolist(), columns[1].tolist(), columns[2].tolist()) \
+        if columns is not None and native_read else _upb_columns(prof)
     if got is None or not got[2]:
         return None
     stacks, links, raws = got
@@ -311,9 +312,9 @@ def _usual_counts(d: Dictionary, prof: Any, kind: Kind,
         else 1)
     if top > MAX_SAMPLE_VALUE or ticks > MAX_COUNT:  # both grow with the raw value
         return None
-    if d.verified:  # every entry checked natively, and no use can exceed the budget
-        n_links, n_stacks = len(d.links), len(d.stacks_tbl)
-        if columns is not None and max(stacks) < n_stacks and (
+    if d.verified and native_read:  # every entry checked natively, no use over the budget
+        n_links, n_stacks = len(d.links), len(d.stacks_tbl)  # (native indices are >= 0)
+        if max(stacks) < n_stacks and (
                 max(links) < n_links or (n_links == 0 and max(links) == 0)):
             return len(raws) - raws.count(0), sum(raws) * kind.per_value
     try:

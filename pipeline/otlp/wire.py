@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
+from pipeline.errors import InvalidData
 from pipeline.otlp.split import MessageKeys
 
 Path = tuple[int, int, int]
@@ -139,7 +140,7 @@ def split_trace_bytes(data: bytes, rejected: Iterable[Path] = (),
                 if data[i] != 0x12:  # not spans (field 2, length-delimited)
                     snum_tag, i = _varint(data, i)
                     i = _skip(data, i, snum_tag & 7)
-                    if snum_tag >> 3 in (1, 3):
+                    if snum_tag in (0x0A, 0x1A):  # scope, schema_url (length-delimited)
                         shead.append(data[sf0:i])
                     continue
                 n = data[i + 1]
@@ -168,10 +169,14 @@ def split_trace_bytes(data: bytes, rejected: Iterable[Path] = (),
                     last += (sf0, i)
             scope_heads[(ri, si)] = b"".join(shead)
     parts: dict[str, dict[int, list[bytes]]] = {}  # key -> resource -> its ScopeSpans
+    limit, made = split_limit(len(data)), 0
     for (key, r, sc), bounds in _by_key(groups, bucket_of).items():
         inner = b"".join([scope_heads[(r, sc)],
                           *[view[bounds[j]:bounds[j + 1]] for j in range(0, len(bounds), 2)]])
         parts.setdefault(key, {}).setdefault(r, []).extend((_header(2, len(inner)), inner))
+        made += len(inner) + len(heads[r])
+        if made > limit:
+            raise InvalidData(too_much(limit))
     out: dict[str, bytes] = {}
     for key, resources in parts.items():
         msg = []
@@ -181,6 +186,20 @@ def split_trace_bytes(data: bytes, rejected: Iterable[Path] = (),
             msg.append(rs)
         out[key] = b"".join(msg)
     return out
+
+
+def split_limit(size: int) -> int:
+    """The most bytes a request of ``size`` bytes may become as messages: each message
+    repeats its spans' resource and scope fields, so a request with a huge resource and
+    thousands of traces (a message per trace when the partition count is unknown) would
+    otherwise ask for gigabytes (the native split holds to the same)."""
+    return 2 * size + (16 << 20)
+
+
+def too_much(limit: int) -> str:
+    return ("the request's resource and scope fields, repeated in each of its messages (one "
+            f"per trace or partition), would make more than {limit} bytes: send fewer traces "
+            "per request, or smaller resource and scope attributes")
 
 
 def _by_key(groups: dict[tuple[bytes, int, int], list[int]],

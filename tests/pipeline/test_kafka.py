@@ -18,7 +18,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as tps
 
 from pipeline.config import load_file
-from pipeline.errors import Retryable
+from pipeline.errors import InvalidData, Retryable
+from pipeline.exporters import kafka as kafka_exporter
 from pipeline.exporters.kafka import Config as ExporterConfig
 from pipeline.exporters.kafka import KafkaExporter, ProducerConfig
 from pipeline.kafka import (
@@ -109,6 +110,28 @@ class TestPartitioners:
                 value).resource_spans for ss in rs.scope_spans for s in ss.spans}
             assert key.decode() in got
             assert {fn(t.encode(), PARTITIONS) for t in got} == {fn(key, PARTITIONS)}
+
+    @pytest.mark.parametrize("native_path", [True, False])
+    def test_a_request_that_would_multiply_is_refused_for_good(
+            self, native_path: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+        """A message per trace (partition count unknown) repeats the resource: a 100 KB
+        resource over 2 000 traces would be 200 MB of messages. InvalidData (the client is
+        told, not asked to retry), on the native path and on the Python one."""
+        if not native_path:
+            monkeypatch.setattr(kafka_exporter, "traces_split", lambda *a: None)
+        ex = KafkaExporter(ExporterConfig(), Context("kafka", ["traces", "profiles"]))
+        req = tps.ExportTraceServiceRequest()
+        rs = req.resource_spans.add()
+        rs.resource.attributes.add(key="big").value.string_value = "x" * 100_000
+        ss = rs.scope_spans.add()
+        for i in range(2000):
+            ss.spans.add(trace_id=(i + 1).to_bytes(16, "big"), span_id=b"\x02" * 8,
+                         end_time_unix_nano=1)
+        data = req.SerializeToString()
+        batch = decode_traces(req, records=False, wire=data).batch
+        with pytest.raises(InvalidData, match="resource and scope fields"):
+            ex.messages(batch, partitions=0)
+        assert len(ex.messages(batch, partitions=PARTITIONS)) <= PARTITIONS
 
 
 async def _read_all(bootstrap: str, topic: str, n: int, within: float = 30.0) -> list[Any]:

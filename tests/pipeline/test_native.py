@@ -18,12 +18,13 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from pipeline import native
+from pipeline.errors import InvalidData
 from pipeline.kafka.buckets import Buckets
 from pipeline.otlp.bounds import FRAME_FANOUT, FRAME_SLACK, TIME_MAX_NS
 from pipeline.otlp.builder import ProfileBuilder
 from pipeline.otlp.profiles import decode_profiles
 from pipeline.otlp.traces import check_trace_bytes, decode_traces
-from pipeline.otlp.wire import split_trace_bytes
+from pipeline.otlp.wire import split_limit, split_trace_bytes
 
 
 def test_the_library_is_built() -> None:
@@ -215,3 +216,23 @@ def test_buffers_other_than_bytes_are_handed_back() -> None:
         assert native.traces_check(other) is None  # type: ignore[arg-type]
         assert native.traces_split(other) is None  # type: ignore[arg-type]
         assert native.profile_columns(other) is None  # type: ignore[arg-type]
+
+
+def test_a_resource_repeated_in_thousands_of_messages_is_refused_not_allocated() -> None:
+    """A message per trace (partition count unknown) repeats the resource: a 100 KB
+    resource attribute and 2 000 traces would be 200 MB of messages. Both splits stop at
+    the limit, and the exporter refuses the request for good (InvalidData)."""
+    req = ExportTraceServiceRequest()
+    rs = req.resource_spans.add()
+    rs.resource.attributes.add(key="big").value.string_value = "x" * 100_000
+    ss = rs.scope_spans.add()
+    for i in range(2000):
+        ss.spans.add(trace_id=(i + 1).to_bytes(16, "big"), span_id=b"\x02" * 8, name="op")
+    data = req.SerializeToString()
+    limit = split_limit(len(data))
+    assert native.traces_check(data) == 2000
+    assert native.traces_split(data, None, 0, limit) == native.TOO_LARGE
+    with pytest.raises(InvalidData, match="resource and scope fields"):
+        split_trace_bytes(data)
+    parts = native.traces_split(data, "sarama_compat", 6, limit)  # per partition: fine
+    assert isinstance(parts, dict) and len(parts) == 6

@@ -535,7 +535,8 @@ pub(crate) fn header_len(field: u32, size: usize) -> usize {
 /// The same bytes as `pipeline/otlp/wire.py`'s `split_trace_bytes` (keys ordered by their
 /// first span; in each, its resources and scopes in request order, each with its own
 /// fields, then its spans in order).
-fn split(b: &[u8], req: &Request, keying: Keying, buf: &mut Vec<u8>, idx: &mut Vec<u64>) {
+fn split(b: &[u8], req: &Request, keying: Keying, limit: usize, buf: &mut Vec<u8>,
+         idx: &mut Vec<u64>) -> Result<(), Refused> {
     // each span's group: its trace's, or its trace's partition's, numbered in order of
     // first appearance; a group's key is the trace id of its first span
     let mut by_trace: HashMap<[u8; 16], u32> = HashMap::new();
@@ -564,6 +565,10 @@ fn split(b: &[u8], req: &Request, keying: Keying, buf: &mut Vec<u8>, idx: &mut V
         runs(spans, |s| span(s).0, |sc| ranges_len(&req.scope_heads[sc as usize]),
              |s| span(s).2 - span(s).1, &mut scopes);
         outer_runs(&scopes, &req.scope_resource, &req.resource_heads, &mut resources);
+        let size: usize = resources.iter().map(|r| header_len(1, r.size) + r.size).sum();
+        if buf.len() + size > limit {
+            return Err(Refused::TooLarge); // resource and scope fields repeated too often
+        }
         let msg_start = buf.len();
         for res in &resources {
             put_header(buf, 1, res.size);
@@ -576,6 +581,7 @@ fn split(b: &[u8], req: &Request, keying: Keying, buf: &mut Vec<u8>, idx: &mut V
         }
         idx.extend_from_slice(&[group_key[g], msg_start as u64, buf.len() as u64]);
     }
+    Ok(())
 }
 
 /// Consecutive items of one parent (`key`): the parent's message covers `from..to` of
@@ -697,12 +703,13 @@ pub(crate) enum Refused {
     TooLarge,
 }
 
-type Splitter = fn(&[u8], Keying, &mut Vec<u8>, &mut Vec<u64>) -> Result<(), Refused>;
+type Splitter = fn(&[u8], Keying, usize, &mut Vec<u8>, &mut Vec<u64>) -> Result<(), Refused>;
 
-/// A split behind the C boundary: the number of messages, with `out` filled; -1 when the
-/// Python path must do it, -2 for `Refused::TooLarge`.
+/// A split behind the C boundary (messages of at most `limit` bytes in all): the number of
+/// messages, with `out` filled; -1 when the Python path must do it, -2 for
+/// `Refused::TooLarge`.
 unsafe fn split_at_boundary(data: *const u8, len: usize, hasher: u32, partitions: u32,
-                            out: *mut Out, splitter: Splitter) -> i64 {
+                            limit: usize, out: *mut Out, splitter: Splitter) -> i64 {
     let b = input(data, len);
     let keying = match keying(hasher, partitions) {
         Some(k) if !out.is_null() => k,
@@ -711,7 +718,7 @@ unsafe fn split_at_boundary(data: *const u8, len: usize, hasher: u32, partitions
     let done = catch_unwind(AssertUnwindSafe(|| {
         let mut buf = Vec::with_capacity(b.len() + 64);
         let mut idx = Vec::new();
-        splitter(b, keying, &mut buf, &mut idx).map(|_| (buf, idx))
+        splitter(b, keying, limit, &mut buf, &mut idx).map(|_| (buf, idx))
     }));
     match done {
         Ok(Ok((buf, idx))) => hand_out(buf, idx, out),
@@ -720,11 +727,10 @@ unsafe fn split_at_boundary(data: *const u8, len: usize, hasher: u32, partitions
     }
 }
 
-fn split_traces(b: &[u8], keying: Keying, buf: &mut Vec<u8>, idx: &mut Vec<u64>)
-                -> Result<(), Refused> {
+fn split_traces(b: &[u8], keying: Keying, limit: usize, buf: &mut Vec<u8>,
+                idx: &mut Vec<u64>) -> Result<(), Refused> {
     let req = walk(b, false).ok_or(Refused::Unsure)?;
-    split(b, &req, keying, buf, idx);
-    Ok(())
+    split(b, &req, keying, limit, buf, idx)
 }
 
 /// Vectors handed to the caller, given back to `spanprof_out_free`.
@@ -762,15 +768,16 @@ pub unsafe extern "C" fn spanprof_traces_check(data: *const u8, len: usize) -> i
 /// the Python path) split by trace (`hasher` 0), or by the partition (of `partitions`) of
 /// each trace id's hex key: 1 sarama_compat, 2 murmur2. Only the structure the split
 /// needs is read again, bounds checked as everywhere. Returns the number of messages
-/// and fills `out` (free it with `spanprof_out_free`), or -1 (nothing allocated) when the
-/// Python path must do it.
+/// and fills `out` (free it with `spanprof_out_free`), or (nothing allocated) -1 when the
+/// Python path must do it, -2 when the messages would make more than `limit` bytes.
 ///
 /// # Safety
 /// `data` points to `len` readable bytes for the duration of the call; `out` is writable.
 #[no_mangle]
 pub unsafe extern "C" fn spanprof_traces_split(data: *const u8, len: usize, hasher: u32,
-                                               partitions: u32, out: *mut Out) -> i64 {
-    split_at_boundary(data, len, hasher, partitions, out, split_traces)
+                                               partitions: u32, limit: usize, out: *mut Out)
+                                               -> i64 {
+    split_at_boundary(data, len, hasher, partitions, limit, out, split_traces)
 }
 
 fn keying(hasher: u32, partitions: u32) -> Option<Keying> {
@@ -808,7 +815,7 @@ unsafe fn hand_out(buf: Vec<u8>, idx: Vec<u64>, out: *mut Out) -> i64 {
 #[no_mangle]
 pub unsafe extern "C" fn spanprof_profiles_split(data: *const u8, len: usize, hasher: u32,
                                                  partitions: u32, out: *mut Out) -> i64 {
-    split_at_boundary(data, len, hasher, partitions, out, profiles::split)
+    split_at_boundary(data, len, hasher, partitions, usize::MAX, out, profiles::split)
 }
 
 /// The samples of an ExportProfilesServiceRequest upb parsed, as columns

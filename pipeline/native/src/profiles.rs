@@ -157,8 +157,9 @@ fn walk(b: &[u8]) -> Option<Request> {
 
 /// The parts: (trace id offset of the key, or u64::MAX for the samples without a trace,
 /// start, end) in `buf`, ordered by their first sample.
-pub(crate) fn split(b: &[u8], keying: Keying, buf: &mut Vec<u8>, idx: &mut Vec<u64>)
-             -> Result<(), Refused> {
+/// (`_limit`: a part per partition bounds what the copies add, as in Python.)
+pub(crate) fn split(b: &[u8], keying: Keying, _limit: usize, buf: &mut Vec<u8>,
+                    idx: &mut Vec<u64>) -> Result<(), Refused> {
     let req = walk(b).ok_or(Refused::Unsure)?;
     if matches!(keying, Keying::Trace) {
         return Err(Refused::TooLarge); // a part per trace repeats the tables: compact
@@ -504,8 +505,8 @@ pub fn dictionary(b: &[u8], fanout: u64) -> Option<Summary> {
                 let fi = lv[0].unwrap_or(0);
                 let (c, by) = *fn_text.get(usize::try_from(fi).ok()?)?;
                 lines += 1;
-                text += c;
-                bytes += by;
+                text = text.saturating_add(c);
+                bytes = bytes.saturating_add(by);
                 Some(())
             }
             4 => attr_list(g),
@@ -517,7 +518,7 @@ pub fn dictionary(b: &[u8], fanout: u64) -> Option<Summary> {
         }
         if lines == 0 {
             let addr = format!("0x{:x}", v[1].unwrap_or(0)).len() as u64;
-            text += addr;
+            text = text.saturating_add(addr);
             bytes = addr + 1 + 8;
             lines = 1;
         }
@@ -533,15 +534,16 @@ pub fn dictionary(b: &[u8], fanout: u64) -> Option<Summary> {
             }
             int32s(b, g, |li| {
                 let (f, by) = *loc.get(usize::try_from(li).ok()?)?;
-                frames += f;
+                frames = frames.saturating_add(f);
                 refs += 1;
-                bytes += by;
+                bytes = bytes.saturating_add(by);
                 Some(())
             })
         })?;
         depth = depth.max(frames).max(refs);
-        excess += frames.saturating_sub(fanout * refs);
-        text += bytes;
+        // saturating: a huge request must not wrap into a small bound
+        excess = excess.saturating_add(frames.saturating_sub(fanout.saturating_mul(refs)));
+        text = text.saturating_add(bytes);
     }
     for &e in &tables[4] {
         let (mut tid, mut sid) = (None, None);

@@ -85,7 +85,11 @@ def test_scalars_under_message_numbers_are_not_cut_as_messages() -> None:
     data = req.SerializeToString() + b"\x08\x07"
     rs = req.resource_spans[0].SerializeToString() + b"\x10\x05"  # ResourceSpans: scope_spans
     data2 = _header(1, len(rs)) + rs
-    for d in (data, data2):
+    ss = req.resource_spans[0].scope_spans[0].SerializeToString() + b"\x08\x05"  # scope
+    res = req.resource_spans[0].resource.SerializeToString()
+    rs3 = _header(1, len(res)) + res + _header(2, len(ss)) + ss
+    data3 = _header(1, len(rs3)) + rs3
+    for d in (data, data2, data3):
         parsed = ExportTraceServiceRequest.FromString(d)
         want = split_traces(parsed)
         got = split_trace_bytes(d)
