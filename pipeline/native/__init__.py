@@ -106,7 +106,7 @@ def traces_split(data: bytes, partitioner: str | None = None, partitions: int = 
     keying = _keying(partitioner, partitions)
     if keying is None:
         return None
-    got = _split(lambda *a: _lib.spanprof_traces_split(*a[:4], limit, a[4]), data, *keying)
+    got = _split(_lib.spanprof_traces_split, data, *keying, limit)
     return TOO_LARGE if got == COMPACT else got
 
 
@@ -186,9 +186,11 @@ def _keying(partitioner: str | None, partitions: int) -> tuple[int, int] | None:
     return None
 
 
-def _split(fn: Any, data: bytes, hasher: int, partitions: int) -> dict[str, bytes] | str | None:
+def _split(fn: Any, data: bytes, hasher: int, partitions: int,
+           *more: int) -> dict[str, bytes] | str | None:
+    """``fn``'s parts by key; ``more``: its arguments after the partition count."""
     out = _Out()
-    n = int(fn(data, len(data), hasher, partitions, ctypes.byref(out)))
+    n = int(fn(data, len(data), hasher, partitions, *more, ctypes.byref(out)))
     if n == -2:
         return COMPACT
     if n < 0:

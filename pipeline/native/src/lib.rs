@@ -38,6 +38,7 @@ pub(crate) const I32: u8 = 5;
 
 /// One field: its number and wire type, where it starts (its tag), where its payload
 /// starts and ends (for LEN: the bytes; else the value's bytes), and a scalar's value.
+#[derive(Clone, Copy)]
 pub(crate) struct Field {
     pub(crate) num: u32,
     pub(crate) wire: u8,
@@ -171,6 +172,23 @@ pub(crate) fn fields(b: &[u8], p: usize, q: usize, mut each: impl FnMut(&Field) 
         each(&f)?;
     }
     Some(())
+}
+
+/// The one field numbered `num` in `b[p..q]`: `Some(None)` when there is none, None when
+/// there are several (upb would keep the last: the Python path decides) or the bytes are
+/// not fields this walk accepts.
+pub(crate) fn only(b: &[u8], p: usize, q: usize, num: u32) -> Option<Option<Field>> {
+    let mut got = None;
+    fields(b, p, q, |g| {
+        if g.num == num {
+            if got.is_some() {
+                return None;
+            }
+            got = Some(*g);
+        }
+        Some(())
+    })?;
+    Some(got)
 }
 
 #[inline]
@@ -378,35 +396,74 @@ fn span_trace_id(b: &[u8], f: &Field) -> Option<usize> {
         }
         return Some(f.p + 2);
     }
-    let mut tid = None;
-    fields(b, f.p, f.q, |g| {
-        if g.num == 1 {
-            if tid.is_some() || g.wire != LEN || g.q - g.p != 16 {
-                return None;
-            }
-            tid = Some(g.p);
-        }
-        Some(())
-    })?;
-    tid
+    match only(b, f.p, f.q, 1)? {
+        Some(g) if g.wire == LEN && g.q - g.p == 16 => Some(g.p),
+        _ => None,
+    }
 }
 
-/// What the walk keeps for the split: each resource's and scope's own fields (byte
-/// ranges of whole fields, in order), and each span (whole field) with its trace id.
+/// What the walk keeps for the split: each resource's and scope's own fields (`Nest`),
+/// and each span (whole field) with its trace id.
 #[derive(Default)]
 struct Request {
-    resource_heads: Vec<Vec<(usize, usize)>>,
-    scope_heads: Vec<Vec<(usize, usize)>>,
-    scope_resource: Vec<u32>,
+    nest: Nest,
     spans: Vec<(u32, usize, usize, usize)>, // (scope index, start, end, trace id offset)
 }
 
-/// A resource's or scope's own field (1: resource or scope, 3: schema_url), kept whole
-/// for the split, and checked by `check` when `deep`.
-fn head_field(b: &[u8], f: &Field, deep: bool, check: fn(&[u8], &Field) -> Option<()>,
-              head: &mut Vec<(usize, usize)>) -> Option<()> {
+/// A check of a resource's or a scope's own field.
+pub(crate) type Check = fn(&[u8], &Field) -> Option<()>;
+
+/// The heads of a request's resources and scopes (ResourceSpans / ResourceProfiles:
+/// `resource = 1`, the scopes `= 2`, `schema_url = 3`; ScopeSpans / ScopeProfiles:
+/// `scope = 1`, the spans or profiles `= 2`, `schema_url = 3`): their own fields, whole and
+/// in order, for a split to copy, and which resource each scope is in.
+#[derive(Default)]
+pub(crate) struct Nest {
+    pub(crate) resource_heads: Vec<Vec<(usize, usize)>>,
+    pub(crate) scope_heads: Vec<Vec<(usize, usize)>>,
+    pub(crate) scope_resource: Vec<u32>,
+}
+
+impl Nest {
+    /// One resource entry `rs` walked: its heads kept (the resource and the scopes checked
+    /// with `checks`, their schema_urls as UTF-8, when given), each item of each scope
+    /// given to `item` with the scope's index. None for any other field.
+    pub(crate) fn resource(&mut self, b: &[u8], rs: &Field, checks: Option<(Check, Check)>,
+                           mut item: impl FnMut(u32, &Field) -> Option<()>) -> Option<()> {
+        want(rs, LEN)?;
+        let ri = u32::try_from(self.resource_heads.len()).ok()?;
+        let url: Option<Check> = checks.map(|_| utf8 as Check);
+        let mut head = Vec::new();
+        fields(b, rs.p, rs.q, |g| match g.num {
+            1 => head_field(b, g, checks.map(|c| c.0), &mut head),
+            3 => head_field(b, g, url, &mut head),
+            2 => {
+                want(g, LEN)?;
+                let si = u32::try_from(self.scope_heads.len()).ok()?;
+                let mut shead = Vec::new();
+                fields(b, g.p, g.q, |h| match h.num {
+                    1 => head_field(b, h, checks.map(|c| c.1), &mut shead),
+                    3 => head_field(b, h, url, &mut shead),
+                    2 => want(h, LEN).and_then(|_| item(si, h)),
+                    _ => None,
+                })?;
+                self.scope_heads.push(shead);
+                self.scope_resource.push(ri);
+                Some(())
+            }
+            _ => None,
+        })?;
+        self.resource_heads.push(head);
+        Some(())
+    }
+}
+
+/// A resource's or scope's own field, kept whole for the split, and checked by `check`
+/// when given.
+fn head_field(b: &[u8], f: &Field, check: Option<Check>, head: &mut Vec<(usize, usize)>)
+              -> Option<()> {
     want(f, LEN)?;
-    if deep {
+    if let Some(check) = check {
         check(b, f)?;
     }
     head.push((f.start, f.q));
@@ -417,38 +474,17 @@ fn head_field(b: &[u8], f: &Field, deep: bool, check: fn(&[u8], &Field) -> Optio
 /// checked before): its spans and heads, or None.
 fn walk(b: &[u8], deep: bool) -> Option<Request> {
     let mut req = Request::default();
+    let checks: Option<(Check, Check)> = if deep { Some((resource, scope)) } else { None };
+    let spans = &mut req.spans;
     fields(b, 0, b.len(), |rs| {
-        if rs.num != 1 || rs.wire != LEN {
+        if rs.num != 1 {
             return None;
         }
-        let ri = u32::try_from(req.resource_heads.len()).ok()?;
-        let mut head = Vec::new();
-        fields(b, rs.p, rs.q, |g| match g.num {
-            1 => head_field(b, g, deep, resource, &mut head),
-            3 => head_field(b, g, deep, utf8, &mut head),
-            2 => {
-                want(g, LEN)?;
-                let si = u32::try_from(req.scope_heads.len()).ok()?;
-                let mut shead = Vec::new();
-                fields(b, g.p, g.q, |h| match h.num {
-                    1 => head_field(b, h, deep, scope, &mut shead),
-                    3 => head_field(b, h, deep, utf8, &mut shead),
-                    2 => {
-                        want(h, LEN)?;
-                        let tid = if deep { span(b, h)? } else { span_trace_id(b, h)? };
-                        req.spans.push((si, h.start, h.q, tid));
-                        Some(())
-                    }
-                    _ => None,
-                })?;
-                req.scope_heads.push(shead);
-                req.scope_resource.push(ri);
-                Some(())
-            }
-            _ => None,
-        })?;
-        req.resource_heads.push(head);
-        Some(())
+        req.nest.resource(b, rs, checks, |si, h| {
+            let tid = if deep { span(b, h)? } else { span_trace_id(b, h)? };
+            spans.push((si, h.start, h.q, tid));
+            Some(())
+        })
     })?;
     Some(req)
 }
@@ -562,9 +598,9 @@ fn split(b: &[u8], req: &Request, keying: Keying, limit: usize, buf: &mut Vec<u8
         let spans = &order[first[g]..first[g + 1]];
         let span = |s: u32| req.spans[s as usize];
         // runs of one scope, then of one resource, with their messages' sizes
-        runs(spans, |s| span(s).0, |sc| ranges_len(&req.scope_heads[sc as usize]),
+        runs(spans, |s| span(s).0, |sc| ranges_len(&req.nest.scope_heads[sc as usize]),
              |s| span(s).2 - span(s).1, &mut scopes);
-        outer_runs(&scopes, &req.scope_resource, &req.resource_heads, &mut resources);
+        outer_runs(&scopes, &req.nest.scope_resource, &req.nest.resource_heads, &mut resources);
         let size: usize = resources.iter().map(|r| header_len(1, r.size) + r.size).sum();
         if buf.len() + size > limit {
             return Err(Refused::TooLarge); // resource and scope fields repeated too often
@@ -572,10 +608,10 @@ fn split(b: &[u8], req: &Request, keying: Keying, limit: usize, buf: &mut Vec<u8
         let msg_start = buf.len();
         for res in &resources {
             put_header(buf, 1, res.size);
-            copy(buf, b, &req.resource_heads[res.key as usize]);
+            copy(buf, b, &req.nest.resource_heads[res.key as usize]);
             for sc in &scopes[res.from..res.to] {
                 put_header(buf, 2, sc.size);
-                copy(buf, b, &req.scope_heads[sc.key as usize]);
+                copy(buf, b, &req.nest.scope_heads[sc.key as usize]);
                 copy_runs(buf, b, &spans[sc.from..sc.to], |s| (span(s).1, span(s).2));
             }
         }

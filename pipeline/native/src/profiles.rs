@@ -15,8 +15,8 @@
 //! schema_url; Profile `samples = 2` (its other fields are carried as they are); Sample
 //! `link_index = 3`; ProfilesDictionary `link_table = 4`; Link `trace_id = 1`.
 
-use crate::{copy, copy_runs, field, fields, order_by_group, outer_runs, put_header, ranges_len,
-            runs, want, Field, Groups, Keying, Refused, LEN, VARINT};
+use crate::{copy, copy_runs, field, fields, only, order_by_group, outer_runs, put_header,
+            ranges_len, runs, want, Field, Groups, Keying, Nest, Refused, LEN, VARINT};
 
 /// The dictionary's copies may always add this many bytes (wire_profiles.py's `ROOM`).
 const ROOM: usize = 1 << 16;
@@ -25,9 +25,7 @@ const NO_LINK: [u8; 2] = [0x22, 0x00];
 
 
 struct Request {
-    resource_heads: Vec<Vec<(usize, usize)>>,
-    scope_heads: Vec<Vec<(usize, usize)>>,
-    scope_resource: Vec<u32>,
+    nest: Nest,
     profile_heads: Vec<Vec<(usize, usize)>>,
     profile_scope: Vec<u32>,
     samples: Vec<(u32, usize, usize, u32)>, // (profile index, start, end, link index)
@@ -35,54 +33,36 @@ struct Request {
     links: Vec<(usize, usize, Option<usize>)>, // each link (whole field), its trace id
 }
 
-/// A head field (whole) kept in order.
-fn keep(f: &Field, head: &mut Vec<(usize, usize)>) -> Option<()> {
-    want(f, LEN)?;
-    head.push((f.start, f.q));
-    Some(())
-}
-
 /// A Sample's link index (0 when absent); None when given twice or not a varint.
 fn sample_link(b: &[u8], f: &Field) -> Option<u32> {
-    let mut link = None;
-    fields(b, f.p, f.q, |g| {
-        if g.num == 3 {
-            want(g, VARINT)?;
-            if link.is_some() {
-                return None;
-            }
-            link = Some(u32::try_from(g.v).ok()?); // negative: refused before; unsure here
+    match only(b, f.p, f.q, 3)? {
+        None => Some(0),
+        Some(g) => {
+            want(&g, VARINT)?;
+            u32::try_from(g.v).ok() // negative: refused before; unsure here
         }
-        Some(())
-    })?;
-    Some(link.unwrap_or(0))
+    }
 }
 
 fn link_trace_id(b: &[u8], f: &Field) -> Option<Option<usize>> {
-    let mut tid = None;
-    fields(b, f.p, f.q, |g| {
-        if g.num == 1 {
-            want(g, LEN)?;
-            if tid.is_some() {
-                return None;
-            }
-            tid = Some((g.p, g.q));
-        }
-        Some(())
-    })?;
-    match tid {
-        None => Some(None),
-        Some((p, q)) if b.get(p..q)?.iter().all(|&x| x == 0) => Some(None),
-        Some((p, q)) if q - p == 16 => Some(Some(p)),
-        Some(_) => None, // a non-zero trace id of another length: refused before
+    let g = match only(b, f.p, f.q, 1)? {
+        None => return Some(None),
+        Some(g) => g,
+    };
+    want(&g, LEN)?;
+    let tid = b.get(g.p..g.q)?;
+    if tid.iter().all(|&x| x == 0) {
+        Some(None)
+    } else if tid.len() == 16 {
+        Some(Some(g.p))
+    } else {
+        None // a non-zero trace id of another length: refused before
     }
 }
 
 fn walk(b: &[u8]) -> Option<Request> {
     let mut req = Request {
-        resource_heads: Vec::new(),
-        scope_heads: Vec::new(),
-        scope_resource: Vec::new(),
+        nest: Nest::default(),
         profile_heads: Vec::new(),
         profile_scope: Vec::new(),
         samples: Vec::new(),
@@ -90,67 +70,44 @@ fn walk(b: &[u8]) -> Option<Request> {
         links: Vec::new(),
     };
     let mut dictionaries = 0;
-    fields(b, 0, b.len(), |top| {
-        want(top, LEN)?;
-        match top.num {
-            1 => {}
-            2 => {
-                dictionaries += 1;
-                if dictionaries > 1 {
-                    return None; // merged by upb; rare: the Python path
+    let (profile_heads, profile_scope, samples) =
+        (&mut req.profile_heads, &mut req.profile_scope, &mut req.samples);
+    let (rest, links) = (&mut req.dictionary_rest, &mut req.links);
+    fields(b, 0, b.len(), |top| match top.num {
+        1 => req.nest.resource(b, top, None, |si, h| {
+            let pi = u32::try_from(profile_heads.len()).ok()?;
+            let mut phead = Vec::new();
+            let mut i = h.p;
+            while i < h.q {
+                let s = field(b, &mut i, h.q)?;
+                if s.num == 2 {
+                    want(&s, LEN)?;
+                    samples.push((pi, s.start, s.q, sample_link(b, &s)?));
+                } else {
+                    phead.push((s.start, s.q));
                 }
-                return fields(b, top.p, top.q, |g| {
-                    if g.num == 4 {
-                        want(g, LEN)?;
-                        let tid = link_trace_id(b, g)?;
-                        req.links.push((g.start, g.q, tid));
-                    } else {
-                        req.dictionary_rest.push((g.start, g.q));
-                    }
-                    Some(())
-                });
             }
-            _ => return None,
-        }
-        let ri = u32::try_from(req.resource_heads.len()).ok()?;
-        let mut head = Vec::new();
-        fields(b, top.p, top.q, |g| match g.num {
-            1 | 3 => keep(g, &mut head),
-            2 => {
-                want(g, LEN)?;
-                let si = u32::try_from(req.scope_heads.len()).ok()?;
-                let mut shead = Vec::new();
-                fields(b, g.p, g.q, |h| match h.num {
-                    1 | 3 => keep(h, &mut shead),
-                    2 => {
-                        want(h, LEN)?;
-                        let pi = u32::try_from(req.profile_heads.len()).ok()?;
-                        let mut phead = Vec::new();
-                        let mut i = h.p;
-                        while i < h.q {
-                            let s = field(b, &mut i, h.q)?;
-                            if s.num == 2 {
-                                want(&s, LEN)?;
-                                let link = sample_link(b, &s)?;
-                                req.samples.push((pi, s.start, s.q, link));
-                            } else {
-                                phead.push((s.start, s.q));
-                            }
-                        }
-                        req.profile_heads.push(phead);
-                        req.profile_scope.push(si);
-                        Some(())
-                    }
-                    _ => None,
-                })?;
-                req.scope_heads.push(shead);
-                req.scope_resource.push(ri);
+            profile_heads.push(phead);
+            profile_scope.push(si);
+            Some(())
+        }),
+        2 => {
+            want(top, LEN)?;
+            dictionaries += 1;
+            if dictionaries > 1 {
+                return None; // merged by upb; rare: the Python path
+            }
+            fields(b, top.p, top.q, |g| {
+                if g.num == 4 {
+                    want(g, LEN)?;
+                    links.push((g.start, g.q, link_trace_id(b, g)?));
+                } else {
+                    rest.push((g.start, g.q));
+                }
                 Some(())
-            }
-            _ => None,
-        })?;
-        req.resource_heads.push(head);
-        Some(())
+            })
+        }
+        _ => None,
     })?;
     Some(req)
 }
@@ -226,15 +183,15 @@ pub(crate) fn split(b: &[u8], keying: Keying, _limit: usize, buf: &mut Vec<u8>,
         // runs of one profile, of one scope, of one resource, with their messages' sizes
         runs(samples, |s| sample(s).0, |pi| ranges_len(&req.profile_heads[pi as usize]),
              |s| sample(s).2 - sample(s).1, &mut profiles);
-        outer_runs(&profiles, &req.profile_scope, &req.scope_heads, &mut scopes);
-        outer_runs(&scopes, &req.scope_resource, &req.resource_heads, &mut resources);
+        outer_runs(&profiles, &req.profile_scope, &req.nest.scope_heads, &mut scopes);
+        outer_runs(&scopes, &req.nest.scope_resource, &req.nest.resource_heads, &mut resources);
         let msg_start = buf.len();
         for res in &resources {
             put_header(buf, 1, res.size);
-            copy(buf, b, &req.resource_heads[res.key as usize]);
+            copy(buf, b, &req.nest.resource_heads[res.key as usize]);
             for sc in &scopes[res.from..res.to] {
                 put_header(buf, 2, sc.size);
-                copy(buf, b, &req.scope_heads[sc.key as usize]);
+                copy(buf, b, &req.nest.scope_heads[sc.key as usize]);
                 for prof in &profiles[sc.from..sc.to] {
                     put_header(buf, 2, prof.size);
                     copy(buf, b, &req.profile_heads[prof.key as usize]);
@@ -440,18 +397,9 @@ fn chars(s: &[u8]) -> u64 {
 /// can spend. None when an entry is wrong, unusual (a field given twice, an index past
 /// int32), or the request has not exactly one dictionary.
 pub fn dictionary(b: &[u8], fanout: u64) -> Option<Summary> {
-    let mut dict = None;
-    fields(b, 0, b.len(), |top| {
-        if top.num == 2 {
-            want(top, LEN)?;
-            if dict.is_some() {
-                return None;
-            }
-            dict = Some((top.p, top.q));
-        }
-        Some(())
-    })?;
-    let (dp, dq) = dict?;
+    let dict = only(b, 0, b.len(), 2)??;
+    want(&dict, LEN)?;
+    let (dp, dq) = (dict.p, dict.q);
     let mut tables: [Vec<(usize, usize)>; 8] = Default::default();
     fields(b, dp, dq, |g| {
         if (1..=7).contains(&g.num) {
