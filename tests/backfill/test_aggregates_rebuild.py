@@ -9,6 +9,7 @@ tenant ends with, once, and its aggregates (made by the views) are the reference
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -227,19 +228,57 @@ class TestRebuild:
 
     async def test_killed_after_any_statement_then_run_again(
             self, store: ClickHouseExporter) -> None:
-        """A run stopped after each of its statements in turn (after a DELETE: the
-        minutes empty; within an aggregate's INSERTs: part of its rows), from stale
-        aggregates, then run again whole: the result of one uninterrupted run."""
+        """A run stopped after any of its statements (after a DELETE: the minutes empty;
+        within an aggregate's INSERTs: part of its rows), from stale aggregates, then run
+        again whole: the result of one uninterrupted run.
+
+        Each statement writes only its own aggregate and reads only base tables, which the
+        plan never writes, and no view reads an aggregate (all asserted below): an
+        aggregate's state after a kill is set by how many of its own statements ran, all
+        (an aggregate before the kill), the first j (the one killed in) or none (those
+        after). So instead of stopping after each statement k in turn, each run stops every
+        aggregate after its first d statements, d = 0 .. the longest group (every state of
+        every aggregate), and one run stops in plan order inside the second aggregate (some
+        done, one part-way, the rest untouched)."""
         want = await snapshot(store, "fresh")
-        steps = aggregates.plan(store.database, "a", *ALL)
+        db = store.database
+        steps = aggregates.plan(db, "a", *ALL)
         assert [s.split()[0] for s, _ in steps] == ["DELETE", "INSERT", "INSERT"] * 2 + \
             ["DELETE", "INSERT"] * 5
-        for k in range(len(steps) + 1):
+        bases = {*aggregates.REPLACED, "otel_traces"}
+        written: list[str] = []  # the aggregate each statement writes
+        for sql, _ in steps:
+            target = re.match(rf"(?:DELETE FROM|INSERT INTO) {db}\.(\w+)\b", sql)
+            assert target and target[1] in aggregates.AGGREGATES, sql
+            read = set(re.findall(rf"\b{db}\.(\w+)\b", sql)) - {target[1]}
+            assert read <= bases if sql.startswith("INSERT") else not read, sql
+            # every table named is named with its database (none read unqualified)
+            assert all(t.startswith(f"{db}.") for t in
+                       re.findall(r"\b(?:FROM|JOIN|INTO)\s+(?!\()(\S+)", sql)), sql
+            written.append(target[1])
+        # per aggregate one contiguous group, its DELETE first
+        groups = [t for i, t in enumerate(written) if i == 0 or written[i - 1] != t]
+        assert groups == list(aggregates.AGGREGATES)
+        assert all(steps[written.index(t)][0].startswith("DELETE") for t in groups)
+        nth = [written[:i].count(t) for i, t in enumerate(written)]  # place in its group
+        # an INSERT into an aggregate sets off no view (which could write another table)
+        _, deps = await store.query(
+            "SELECT name, dependencies_table FROM system.tables WHERE database = {d:String} "
+            "AND name IN {n:Array(String)}", {"d": db, "n": [*aggregates.AGGREGATES, *bases]})
+        assert {str(n) for n, d in deps if d} == bases, deps
+        assert {str(n) for n, _ in deps} == {*aggregates.AGGREGATES, *bases}
+
+        in_order = written.index(groups[1]) + 2  # the second aggregate's DELETE and INSERT
+        kills = [(f"every aggregate after its first {d} statements",
+                  [i for i, j in enumerate(nth) if j < d]) for d in range(max(nth) + 2)]
+        kills.append((f"stopped after statement {in_order}", list(range(in_order))))
+        for what, ran in kills:
             await backfill(store, "a")  # stale again: the same rows, added to again
-            for sql, parameters in aggregates.plan(store.database, "a", *ALL)[:k]:
-                await store.command(sql, parameters)
+            plan = aggregates.plan(db, "a", *ALL)
+            for i in ran:
+                await store.command(*plan[i])
             await aggregates.rebuild(store, "a", *ALL)
-            assert await snapshot(store, "a") == want, f"stopped after statement {k}"
+            assert await snapshot(store, "a") == want, what
 
 
 class TestViews:

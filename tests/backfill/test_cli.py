@@ -2,7 +2,12 @@
 file set of 50 k spans into an empty embedded store gives the same per-span CPU as the
 live correlator on the same data; a second run leaves every table as it was; a run killed
 with SIGKILL in the middle and started again ends with exactly the tables of an
-uninterrupted run."""
+uninterrupted run.
+
+The 50 k spans are backfilled once (and the same job again: nothing to do); the runs that
+redo a whole job (another job id) and the killed one use a smaller file set of the same
+shape (every kind of sample, across a bucket boundary, several units to load and to
+attribute), each compared with that set's own uninterrupted run."""
 
 from __future__ import annotations
 
@@ -35,6 +40,18 @@ def fileset(data: Data, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+@pytest.fixture(scope="module")
+def small() -> Data:
+    return generate(600)  # 1 800 spans over 4 s, across a 10-minute bucket boundary
+
+
+@pytest.fixture(scope="module")
+def small_fileset(small: Data, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("collector-files-small")
+    write_files(small, root, per_message=200)  # two trace files, neither empty
+    return root
+
+
 def backfill(store: Path, *args: str, wait: bool = True) -> subprocess.Popen[str]:
     env = {**os.environ, "SPANPROF_CLICKHOUSE_ENDPOINT": f"chdb://{store}/ch"}
     p = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "backfill", *args,
@@ -52,14 +69,17 @@ def summary(p: subprocess.Popen[str]) -> dict[str, Any]:
     return dict(json.loads(out))
 
 
-def tables(store: Path, also_live: Data | None = None) -> tuple[dict[str, Any], Any, Any]:
-    """Every table of the backfilled store; its per-span CPU; and, given data, the live
-    correlator's per-span CPU for it (another database of the same engine)."""
+def tables(store: Path, also_live: Data | None = None, snap: bool = True
+           ) -> tuple[dict[str, Any], Any, Any]:
+    """Every table of the backfilled store (unless not ``snap``); its per-span CPU; and,
+    given data, the live correlator's per-span CPU for it (another database of the same
+    engine)."""
 
     async def read() -> tuple[dict[str, Any], Any, Any]:
         bf = await open_store(store, "spanprof")
         try:
-            snap, mine = await snapshot(bf), await per_span(bf)
+            got = await snapshot(bf) if snap else {}
+            mine = await per_span(bf)
         finally:
             await bf.shutdown()
         want = None
@@ -70,12 +90,13 @@ def tables(store: Path, also_live: Data | None = None) -> tuple[dict[str, Any], 
                 want = await per_span(lv)
             finally:
                 await lv.shutdown()
-        return snap, mine, want
+        return got, mine, want
 
     return asyncio.run(read())
 
 
-def test_files_like_live_twice_and_killed(data: Data, fileset: Path, tmp_path: Path) -> None:
+def test_files_like_live_twice_and_killed(data: Data, fileset: Path, small: Data,
+                                          small_fileset: Path, tmp_path: Path) -> None:
     a = tmp_path / "a"
     first = summary(backfill(a, "files", str(fileset), "--workers", "2"))
     assert first["spans"] == len(data.spans) and first["samples"] == len(data.samples)
@@ -84,14 +105,26 @@ def test_files_like_live_twice_and_killed(data: Data, fileset: Path, tmp_path: P
     assert first["cpu_in_ns"] == first["cpu_attributed_ns"] + first["cpu_unattributed_ns"]
     again = summary(backfill(a, "files", str(fileset)))  # the same job: nothing to do
     assert again["already_done"] == again["units"] == first["units"]
-    summary(backfill(a, "files", str(fileset), "--job", "second-run"))  # all over again
-    once, mine, want = tables(a, also_live=data)
+    _, mine, want = tables(a, also_live=data, snap=False)
     assert mine == want
     assert {m for _, _, m in mine} >= {"link", "link+time", "thread", "window"}
 
-    # killed in the middle of attribution, then started again
+    # the smaller set: uninterrupted, then all over again under another job id
+    ref = tmp_path / "ref"
+    whole = summary(backfill(ref, "files", str(small_fileset)))
+    assert whole["spans"] == len(small.spans) and whole["samples"] == len(small.samples)
+    assert not whole["failed"] and not whole["refused"] and not whole["already_done"]
+    once, mine, want = tables(ref, also_live=small)
+    assert mine == want
+    assert {m for _, _, m in mine} >= {"link", "link+time", "thread", "window"}
+    redo = summary(backfill(ref, "files", str(small_fileset), "--job", "second-run"))
+    assert redo["done"] == redo["units"] == whole["units"] and not redo["already_done"]
+    assert tables(ref)[0] == once
+
+    # killed in the middle of attribution (after its first unit; more follow), then
+    # started again
     b = tmp_path / "b"
-    p = backfill(b, "files", str(fileset), wait=False)
+    p = backfill(b, "files", str(small_fileset), wait=False)
     assert p.stderr is not None
     for line in p.stderr:
         if "done unlabelled/" in line or "done labelled/" in line:
@@ -99,8 +132,8 @@ def test_files_like_live_twice_and_killed(data: Data, fileset: Path, tmp_path: P
             break
     p.wait(timeout=60)
     assert p.returncode == -signal.SIGKILL
-    resumed = summary(backfill(b, "files", str(fileset)))
-    assert 0 < resumed["already_done"] < resumed["units"]
+    resumed = summary(backfill(b, "files", str(small_fileset)))
+    assert 0 < resumed["already_done"] < resumed["units"] == whole["units"]
     killed, _, _ = tables(b)
     for t in TABLES:
         assert killed[t] == once[t], t

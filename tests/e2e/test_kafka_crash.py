@@ -16,12 +16,14 @@ import signal
 import time
 import uuid
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
 
 from pipeline.exporters.clickhouse.migrate import bootstrap, statements
 from pipeline.exporters.clickhouse.schema import SchemaOptions
@@ -50,6 +52,26 @@ async def _lag(bootstrap_servers: str, group: str, topics: list[str]) -> int:
         return lag
     finally:
         await c.stop()
+
+
+async def _stable_members(bootstrap_servers: str, group: str) -> int:
+    """The group's members once it is Stable (every member joined and assigned); 0 while
+    it rebalances."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers)
+    await admin.start()
+    try:
+        (resp,) = await admin.describe_consumer_groups([group])
+        (g,) = resp.to_object()["groups"]
+        return len(g["members"]) if g["error_code"] == 0 and g["state"] == "Stable" else 0
+    finally:
+        await admin.close()
+
+
+def _side_by_side(*calls: Any) -> list[Any]:
+    """Run the calls at once (processes starting or stopping), each to its end: their
+    results, or the first error."""
+    with ThreadPoolExecutor(len(calls)) as pool:
+        return [f.result() for f in [pool.submit(c) for c in calls]]
 
 
 async def _rewind(bootstrap_servers: str, group: str, topics: list[str],
@@ -85,10 +107,11 @@ class TestWorkerCrash:
         truth: dict[tuple[bytes, bytes], int] = defaultdict(int)
         all_spans: list[tuple[bytes, bytes]] = []
         try:
-            gateway.start()
-            for w in workers:
-                w.start()
-            time.sleep(3)  # let the group settle on its three members
+            _side_by_side(gateway.start, *(w.start for w in workers))
+            # the group settled on its three members (each owns partitions)
+            wait_until(lambda: asyncio.run(_stable_members(kafka_broker.bootstrap,
+                                                           names["group"])) == 3,
+                       timeout=60, interval=0.2)
             channel = grpc.insecure_channel(gateway.grpc_target)
             tstub, pstub = traces_stub(channel), profiles_stub(channel)
             for wave in range(8):
@@ -111,18 +134,18 @@ class TestWorkerCrash:
                 if wave != 3:
                     time.sleep(0.3)
             topics = [names["spans"], names["profiles"]]
+            # every message delivered (offsets are committed after delivery); a stop
+            # reports and writes everything a worker holds
             wait_until(lambda: asyncio.run(_lag(kafka_broker.bootstrap, names["group"],
-                                                topics)) == 0, timeout=120, interval=1.0)
-            time.sleep(1.0)
-            for w in workers:
-                assert w.stop() == 0, w.logs()[-2000:]
+                                                topics)) == 0, timeout=120, interval=0.25)
+            for w, rc in zip(workers, _side_by_side(*(w.stop for w in workers)), strict=True):
+                assert rc == 0, w.logs()[-2000:]
             # Whatever the kill hit, force a redelivery too: rewind half the partitions to 0
             # and let one worker read them again.
             asyncio.run(_rewind(kafka_broker.bootstrap, names["group"], topics))
             workers[0].start()
             wait_until(lambda: asyncio.run(_lag(kafka_broker.bootstrap, names["group"],
-                                                topics)) == 0, timeout=120, interval=1.0)
-            time.sleep(1.0)
+                                                topics)) == 0, timeout=120, interval=0.25)
             assert workers[0].stop() == 0
             assert gateway.stop() == 0
         finally:

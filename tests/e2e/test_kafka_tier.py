@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import uuid
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -116,15 +117,18 @@ class TestBrokerOutage:
         broker.start()
         names = {"brokers": broker.bootstrap, "group": "outage", "spans": "otlp_spans",
                  "profiles": "otlp_profiles"}
+        # a write Kafka does not acknowledge within 1 s is refused (UNAVAILABLE): the
+        # outage shows in about 2 s a request (the metadata wait, then the write's)
         gateway = SpanprofProcess(tmp_path / "gw", config_text=(GATEWAY % names).replace(
-            "service:", "    timeout: 3s\nservice:"))
+            "service:", "    timeout: 1s\nservice:"))
         correlator = SpanprofProcess(tmp_path / "co", config_text=CORRELATOR % names)
         acked: list[tuple[bytes, bytes]] = []
         codes: list[str] = []
         stop = threading.Event()
         try:
-            gateway.start()
-            correlator.start()
+            with ThreadPoolExecutor(2) as pool:  # the two come up side by side
+                for f in [pool.submit(p.start) for p in (gateway, correlator)]:
+                    f.result()
             stub = traces_stub(grpc.insecure_channel(gateway.grpc_target))
 
             def client() -> None:
