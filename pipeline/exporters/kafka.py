@@ -63,6 +63,7 @@ from pipeline.kafka.buckets import Buckets
 from pipeline.native import TOO_LARGE, profiles_split, traces_split
 from pipeline.otlp.builder import encode_profiles
 from pipeline.otlp.split import halve_profiles, halve_traces, split_profiles, split_traces
+from pipeline.otlp.traces import WireSpans
 from pipeline.otlp.wire import split_limit, split_trace_bytes, too_much
 from pipeline.otlp.wire_profiles import split_profile_bytes
 from pipeline.records import Batch, ProfileBatch, SpanBatch
@@ -155,16 +156,18 @@ class KafkaExporter:
             # bytes as received (a gateway's) are split on the wire, without parsing;
             # profiles on their bytes too when the parts can share the dictionary
             parts: dict[str, Any] | None = None
-            if isinstance(req, bytes):
+            if isinstance(req, bytes | WireSpans):
                 # natively when nothing was refused (the usual request), else in Python
+                # (keyed by the receiver's parse of the trace ids when it parsed)
+                data, tids = (req, None) if isinstance(req, bytes) else req
                 if not rejected:
-                    got = traces_split(req, self.cfg.partitioner if bucket else None,
-                                       partitions, split_limit(len(req)))
+                    got = traces_split(data, self.cfg.partitioner if bucket else None,
+                                       partitions, split_limit(len(data)))
                     if got == TOO_LARGE:  # permanent: the same request would be again
-                        raise InvalidData(f"{self.ctx.id}: {too_much(split_limit(len(req)))}")
+                        raise InvalidData(f"{self.ctx.id}: {too_much(split_limit(len(data)))}")
                     parts = got if isinstance(got, dict) else None
                 if parts is None:
-                    parts = split_trace_bytes(req, rejected, bucket)
+                    parts = split_trace_bytes(data, rejected, bucket, tids)
             elif isinstance(batch, ProfileBatch):
                 got = profiles_split(req.SerializeToString(), self.cfg.partitioner,
                                      partitions) if bucket and not rejected else None

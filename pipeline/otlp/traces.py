@@ -78,6 +78,15 @@ def decode_traces(req: ExportTraceServiceRequest, records: bool = True,
                    refused.message)
 
 
+class WireSpans(NamedTuple):
+    """A request's bytes as received, with every span's trace id as the parse read it, in
+    order: the Kafka exporter keys each span by it (a span may give the field twice; the
+    last is the one a parser keeps) without walking the span's fields again."""
+
+    data: bytes
+    trace_ids: list[bytes]
+
+
 def check_trace_bytes(data: bytes) -> Decoded | None:
     """A gateway's check of a request on its bytes, in the native library (one walk, no
     parse): what ``decode_traces(parsed, records=False, wire=data)`` gives for a request
@@ -92,10 +101,12 @@ def check_trace_bytes(data: bytes) -> Decoded | None:
 def _validate(req: ExportTraceServiceRequest, wire: bytes | None) -> Decoded:
     ok = 0
     refused = Rejections()
+    tids: list[bytes] = []
     for ri, rs in enumerate(req.resource_spans):
         for si, ss in enumerate(rs.scope_spans):
             for pi, s in enumerate(ss.spans):
                 tid, sid = s.trace_id, s.span_id
+                tids.append(tid)
                 if (len(tid) == 16 and len(sid) == 8 and tid != ZERO_TRACE
                         and sid != ZERO_SPAN and len(s.parent_span_id) in (0, 8)
                         and s.start_time_unix_nano <= s.end_time_unix_nano < TIME_MAX_NS
@@ -112,7 +123,7 @@ def _validate(req: ExportTraceServiceRequest, wire: bytes | None) -> Decoded:
                 else:
                     refused.add((ri, si, pi),
                                 f"resource_spans[{ri}].scope_spans[{si}].spans[{pi}]", problem)
-    source = req if wire is None else wire
+    source = req if wire is None else WireSpans(wire, tids)
     return Decoded(SpanBatch([], sources=[(source, refused.paths)], items=ok), refused.count,
                    refused.message)
 

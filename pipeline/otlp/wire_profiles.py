@@ -136,28 +136,33 @@ def _profile(data: bytes, start: int, end: int, path: Path, prof: Any,
     i = start
     while i < end:
         f0 = i
-        if data[i] != 0x12:  # not samples (field 2, length-delimited): the profile's own
+        if data[i] == 0x12:  # a sample (field 2, length-delimited), its tag one byte
+            n = data[i + 1]
+            if n < 0x80:
+                i += 2 + n
+            else:
+                n, j = _varint(data, i + 1)
+                i = j + n
+        else:
             tag, i = _varint(data, i)
             wire = tag & 7
-            if wire == 0:
-                i = _varint(data, i)[1]
-            elif wire == 1:
-                i += 8
-            elif wire == 2:
+            if tag == 0x12:  # a sample whose tag is longer than it need be
                 n, i = _varint(data, i)
                 i += n
-            elif wire == 5:
-                i += 4
-            else:
-                raise ValueError(f"unsupported wire type {wire}")
-            head.append(data[f0:i])
-            continue
-        n = data[i + 1]
-        if n < 0x80:
-            i += 2 + n
-        else:
-            n, j = _varint(data, i + 1)
-            i = j + n
+            else:  # the profile's own fields
+                if wire == 0:
+                    i = _varint(data, i)[1]
+                elif wire == 1:
+                    i += 8
+                elif wire == 2:
+                    n, i = _varint(data, i)
+                    i += n
+                elif wire == 5:
+                    i += 4
+                else:
+                    raise ValueError(f"unsupported wire type {wire}")
+                head.append(data[f0:i])
+                continue
         li = link_indices[k]
         k += 1
         if li != last_li:

@@ -16,6 +16,7 @@ import msgspec
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as tps
+from opentelemetry.proto.trace.v1 import trace_pb2 as tr
 
 from pipeline.config import load_file
 from pipeline.errors import InvalidData, Retryable
@@ -34,6 +35,7 @@ from pipeline.kafka import (
 from pipeline.kafka.backend import AioProducer, ProducerOptions, batch_bytes
 from pipeline.otlp.builder import ProfileBuilder
 from pipeline.otlp.traces import decode_traces
+from pipeline.otlp.wire import _header
 from pipeline.receivers.kafka import Config as ReceiverConfig
 from pipeline.receivers.kafka import KafkaReceiver
 from pipeline.records import Batch, SpanBatch
@@ -132,6 +134,40 @@ class TestPartitioners:
         with pytest.raises(InvalidData, match="resource and scope fields"):
             ex.messages(batch, partitions=0)
         assert len(ex.messages(batch, partitions=PARTITIONS)) <= PARTITIONS
+
+
+    @pytest.mark.parametrize("name", ["sarama_compat", "murmur2"])
+    def test_odd_encodings_reach_their_traces_partition(self, name: PartitionerName) -> None:
+        """What the receiver's parse accepts from an odd writer: a span giving its trace id
+        twice (upb keeps the last) and a span field whose tag takes two bytes. Each span is
+        in exactly one message, on its own (last) trace's partition; none is lost."""
+        ex = KafkaExporter(ExporterConfig(partitioner=name),
+                           Context("kafka", ["traces", "profiles"]))
+        first, last, other = b"\x11" * 16, b"\x22" * 16, b"\x33" * 16
+        twice = (tr.Span(trace_id=first).SerializeToString()
+                 + tr.Span(trace_id=last, span_id=b"\x01" * 8, name="twice",
+                           end_time_unix_nano=1).SerializeToString())
+        longer = tr.Span(trace_id=other, span_id=b"\x02" * 8, name="longer",
+                         end_time_unix_nano=1).SerializeToString()
+        field = _header(2, len(twice)) + twice + bytes([0x92, 0x00, len(longer)]) + longer
+        scope = _header(2, len(field)) + field
+        data = _header(1, len(scope)) + scope
+        req = tps.ExportTraceServiceRequest.FromString(data)
+        assert [(s.name, s.trace_id) for s in req.resource_spans[0].scope_spans[0].spans] == \
+            [("twice", last), ("longer", other)]
+        batch = decode_traces(req, records=False, wire=data).batch  # the receiver's parse
+        assert batch.items == 2
+        fn = PARTITIONERS[name]
+        seen = []
+        for _, key, value in ex.messages(batch, partitions=PARTITIONS):
+            assert key is not None
+            for rs in tps.ExportTraceServiceRequest.FromString(value).resource_spans:
+                for ss in rs.scope_spans:
+                    for sp in ss.spans:
+                        seen.append(sp.name)
+                        assert fn(sp.trace_id.hex().encode(), PARTITIONS) == \
+                            fn(key, PARTITIONS), sp.name
+        assert sorted(seen) == ["longer", "twice"]
 
 
 async def _read_all(bootstrap: str, topic: str, n: int, within: float = 30.0) -> list[Any]:

@@ -11,6 +11,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from pipeline.kafka.buckets import Buckets
+from pipeline.native import traces_split
 from pipeline.otlp.split import split_traces
 from pipeline.otlp.wire import _header, split_trace_bytes
 
@@ -96,3 +97,46 @@ def test_scalars_under_message_numbers_are_not_cut_as_messages() -> None:
         assert got.keys() == want.keys()
         for key, msg in got.items():
             assert ExportTraceServiceRequest.FromString(msg) == want[key]
+
+
+def test_a_trace_id_given_twice_is_the_last_as_a_parser_reads_it() -> None:
+    """A span whose trace id field comes twice is, to upb (the receiver's checks and the
+    consumer's parse), in the last one's trace: the message must be keyed by that trace,
+    or the span reaches another partition than its trace's samples. Whether the receiver's
+    parse gives the trace ids or the span's fields are walked for them."""
+    span = Span(name="twice", span_id=b"\x01" * 8, trace_id=TRACES[2])
+    wire = Span(trace_id=TRACES[1]).SerializeToString() + span.SerializeToString()
+    assert Span.FromString(wire).trace_id == TRACES[2]
+    field = _header(2, len(wire)) + wire
+    scope = _header(2, len(field)) + field
+    data = _header(1, len(scope)) + scope
+    assert traces_split(data) is None  # the native split leaves a repeated field to Python
+    for ids in (None, [TRACES[2]]):
+        got = split_trace_bytes(data, trace_ids=ids)
+        assert list(got) == [TRACES[2].hex()]
+        assert ExportTraceServiceRequest.FromString(got[TRACES[2].hex()]) == \
+            ExportTraceServiceRequest.FromString(data)
+    # trace ids that are not the request's spans (one too few): each span walked instead
+    assert split_trace_bytes(data, trace_ids=[]) == split_trace_bytes(data)
+
+
+def test_a_span_whose_tag_is_longer_than_it_need_be_is_kept() -> None:
+    """A span field whose tag is a two-byte varint (0x92 0x00: field 2, length-delimited)
+    is a span to upb, so the receiver accepted it: the split carries it (it had dropped
+    it, an acknowledged span lost), under its own trace."""
+    spans = [Span(name=f"s{i}", span_id=bytes([i + 1]) * 8, trace_id=TRACES[i]).SerializeToString()
+             for i in range(3)]
+    field = (_header(2, len(spans[0])) + spans[0] + bytes([0x92, 0x00, len(spans[1])])
+             + spans[1] + _header(2, len(spans[2])) + spans[2])
+    scope = _header(2, len(field)) + field
+    data = _header(1, len(scope)) + scope
+    parsed = ExportTraceServiceRequest.FromString(data)
+    assert len(parsed.resource_spans[0].scope_spans[0].spans) == 3
+    ids = [s.trace_id for s in parsed.resource_spans[0].scope_spans[0].spans]
+    for parsed_ids in (None, ids):
+        got = split_trace_bytes(data, trace_ids=parsed_ids)
+        assert sorted(got) == sorted(t.hex() for t in TRACES[:3])
+        for i in range(3):
+            (s,) = ExportTraceServiceRequest.FromString(
+                got[TRACES[i].hex()]).resource_spans[0].scope_spans[0].spans
+            assert s == parsed.resource_spans[0].scope_spans[0].spans[i]
