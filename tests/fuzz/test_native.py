@@ -53,6 +53,7 @@ def native_agrees(data: bytes) -> None:
     py = decode_traces(req, records=False, wire=data)
     _note(f"native {'takes' if n is not None else 'hands back'}, python refuses "
           f"{min(py.rejected, 1)}")
+    split_keeps_every_span(req, py.batch.sources[0])
     if n is not None:
         assert (py.rejected, len(py.batch)) == (0, n), (py.rejected, py.message, n)
     if py.rejected:
@@ -65,6 +66,31 @@ def native_agrees(data: bytes) -> None:
         bucket = Buckets(partitioner, partitions) if partitioner else None  # type: ignore[arg-type]
         want = split_trace_bytes(data, (), bucket)
         assert list(got.items()) == list(want.items()), (partitioner, partitions)
+
+
+def split_keeps_every_span(req: ExportTraceServiceRequest, source: Any) -> None:
+    """The exporter's Python split of what the receiver's parse accepted (``source``: the
+    bytes with the parse's trace ids, and the refused spans): every accepted span, as upb
+    reads it, in exactly one message, under its own trace's key (or a key of its
+    partition); with the parse's trace ids and with each span walked for its own."""
+    (data, tids), rejected = source
+    skip = set(rejected)
+    want = sorted(sp.SerializeToString() for ri, rs in enumerate(req.resource_spans)
+                  for si, ss in enumerate(rs.scope_spans) for pi, sp in enumerate(ss.spans)
+                  if (ri, si, pi) not in skip)
+    for partitioner, partitions in KEYINGS[:2]:
+        bucket = Buckets(partitioner, partitions) if partitioner else None  # type: ignore[arg-type]
+        for ids in (tids, None):
+            got = []
+            for key, msg in split_trace_bytes(data, rejected, bucket, ids).items():
+                for rs in ExportTraceServiceRequest.FromString(msg).resource_spans:
+                    for ss in rs.scope_spans:
+                        for sp in ss.spans:
+                            got.append(sp.SerializeToString())
+                            tid = sp.trace_id.hex()
+                            assert (bucket(tid) == bucket(key) if bucket else tid == key), \
+                                (key, tid)
+            assert sorted(got) == want, (partitioner, ids is None)
 
 
 def _encoded(req: Any) -> bytes:
