@@ -59,10 +59,11 @@ from pipeline.config.tls import ReceiverAuth, TlsConfig
 from pipeline.errors import ConfigError, InvalidData, Retryable, TooLarge
 from pipeline.otlp.bounds import RecordsLimit
 from pipeline.otlp.profiles import decode_profiles
-from pipeline.otlp.traces import check_trace_bytes, decode_traces
+from pipeline.otlp.traces import decode_traces
 from pipeline.receivers.authn import Refusal, authenticator, grpc_tenant
 from pipeline.receivers.idempotency import RecentRequests, preload_recent, tenant_request_key
-from pipeline.receivers.limits import ITEMS, check_items, count_items
+from pipeline.receivers.limits import ITEMS
+from pipeline.receivers.otlp_request import take_request
 from pipeline.registry import Context
 from pipeline.tls import ServerTls
 
@@ -235,26 +236,19 @@ class GrpcServer:
         """Parse, validate, deliver and answer one Export call."""
         request_type, response_type, decode, rejected_field = _SERVICES[signal]
         records = self.ctx.records.get(signal, True)
-        # a gateway's usual trace request: checked on its bytes natively, not parsed
-        decoded = None if records or signal != "traces" else check_trace_bytes(data)
-        if decoded is None:
-            try:
-                req = request_type.FromString(data)
-            except DecodeError as err:
-                self.metrics["malformed_requests"] += 1
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                    f"not an {request_type.__name__}: {err}")
         limit_key = "max_spans_per_request" if signal == "traces" else "max_samples_per_request"
         try:
-            check_items(len(decoded.batch) if decoded is not None else count_items(signal, req),
-                        getattr(self.cfg, limit_key), ITEMS[signal],
-                        f"receivers.{self.ctx.id}.protocols.grpc.{limit_key}")
+            decoded = take_request(
+                signal, data, records=records, parse=request_type.FromString, decode=decode,
+                wire=data, limit=getattr(self.cfg, limit_key),
+                key=f"receivers.{self.ctx.id}.protocols.grpc.{limit_key}")
+        except DecodeError as err:
+            self.metrics["malformed_requests"] += 1
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"not an {request_type.__name__}: {err}")
         except TooLarge as err:
             self.metrics["refused_requests"] += 1
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(err))
-        if decoded is None:
-            decoded = decode(req, records, data) if signal == "traces" \
-                else decode(req, records, wire=data)
         if len(decoded.batch):
             decoded.batch.tenant = tenant
             await self._deliver(signal, decoded.batch, context,

@@ -33,11 +33,12 @@ from pipeline.errors import InvalidData, Retryable, TooLarge
 from pipeline.otlp import jsonwire
 from pipeline.otlp.bounds import RecordsLimit
 from pipeline.otlp.profiles import decode_profiles
-from pipeline.otlp.traces import check_trace_bytes, decode_traces
+from pipeline.otlp.traces import decode_traces
 from pipeline.receivers.authn import TENANT
 from pipeline.receivers.http_body import BodyTimeout, UnsupportedEncoding, read_body
 from pipeline.receivers.http_receiver import HttpReceiver
-from pipeline.receivers.limits import ITEMS, check_items, count_items
+from pipeline.receivers.limits import ITEMS
+from pipeline.receivers.otlp_request import take_request
 
 ROUTES: dict[str, tuple[str, Any, Any, str]] = {
     "/v1/traces": ("traces", tps.ExportTraceServiceRequest, decode_traces, "rejected_spans"),
@@ -120,18 +121,11 @@ class HttpServer(HttpReceiver):
             body = await read_body(request, self.cfg.max_request_bytes,
                                    self.cfg.max_decompressed_bytes)
             self.ctx.tenants.charge(request[TENANT], len(body))
-            records = self.ctx.records.get(signal, True)
-            # a gateway's usual protobuf trace request: checked on its bytes, not parsed
-            decoded = None if records or is_json or signal != "traces" \
-                else check_trace_bytes(body)
-            if decoded is None:
-                req = _parse(body, request_type, is_json)
-            check_items(len(decoded.batch) if decoded is not None else count_items(signal, req),
-                        getattr(self.cfg, limit_key), items, limit_key)
-            if decoded is None:
-                wire = None if is_json else body
-                decoded = decode(req, records, wire) if signal == "traces" \
-                    else decode(req, records, wire=wire)
+            decoded = take_request(
+                signal, body, records=self.ctx.records.get(signal, True),
+                parse=lambda b: _parse(b, request_type, is_json), decode=decode,
+                wire=None if is_json else body, limit=getattr(self.cfg, limit_key),
+                key=limit_key)
         except TooLarge as err:
             self.metrics["refused_requests"] += 1
             return self._error(413, f"receivers.{self.ctx.id}.protocols.http: {err}", is_json)
