@@ -10,11 +10,11 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
+import pytest_asyncio
 
 from pipeline.admin import function_queries, queries
 from pipeline.admin.params import tenant_of as _tenant
@@ -69,9 +69,16 @@ def batches(tenant: str, cpu_ms: int, fn: str) -> list[Any]:
             AttributionBatch(attrs, tenant=tenant)]
 
 
-@pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[ClickHouseExporter]:
+# every test only reads the store: one store for the module, shut down at its end (chdb
+# takes one engine path per process: the next module opens its own); the async tests run on
+# the module's loop, as the store does (the sync ones are not marked: pytest-asyncio warns)
+ON_MODULE_LOOP = pytest.mark.asyncio(loop_scope="module")
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def store(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[ClickHouseExporter]:
     """Tenants a (10 ms in fn_a) and b (40 ms in fn_b), same ids, in the embedded engine."""
+    tmp_path = tmp_path_factory.mktemp("tenants")
     ex = ClickHouseExporter(Config(endpoint=f"chdb://{tmp_path}/ch", flush_interval=0.05,
                                    ttl=0),
                             Context("clickhouse", ["traces"], data_dir=str(tmp_path)))
@@ -106,6 +113,7 @@ async def everything(db: ClickHouseExporter, tenant: str) -> dict[str, Any]:
 
 
 class TestEachQuerySeesOnlyItsTenant:
+    @ON_MODULE_LOOP
     async def test_one_tenant_gets_its_own_rows_and_figures(
             self, store: ClickHouseExporter) -> None:
         """Asked for a, every function answers with a's spans, names, CPU, functions and
@@ -139,6 +147,7 @@ class TestEachQuerySeesOnlyItsTenant:
             assert f"GET /{'b' if tenant == 'a' else 'a'}" not in msgspec.json.encode(
                 got).decode()
 
+    @ON_MODULE_LOOP
     @pytest.mark.parametrize("tenant", ["c", "default", *HOSTILE])
     async def test_another_tenant_or_sql_in_the_name_gets_nothing(
             self, store: ClickHouseExporter, tenant: str) -> None:
@@ -177,6 +186,7 @@ class TestAdminApiTenant:
         req[TENANT] = "a"
         assert _tenant(req) == "a"
 
+    @ON_MODULE_LOOP
     async def test_a_token_sees_its_tenants_data_only(
             self, store: ClickHouseExporter) -> None:
         """Through the admin API with tokens: a's token gets a's trace and spans; b's token

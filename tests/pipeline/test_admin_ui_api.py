@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import hashlib
 import inspect
 import json
@@ -21,6 +22,7 @@ from typing import Any
 
 import msgspec
 import pytest
+import pytest_asyncio
 
 from pipeline.admin import flame_queries, queries, ui_queries
 from pipeline.admin.server import AdminServer
@@ -87,8 +89,9 @@ def batches(tenant: str) -> list[Any]:
             AttributionBatch(attrs, tenant=tenant)]
 
 
-@pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[ClickHouseExporter]:
+@contextlib.asynccontextmanager
+async def open_store(tmp_path: Path) -> AsyncIterator[ClickHouseExporter]:
+    """Tenants a's and b's calls (``batches``) in the embedded engine on ``tmp_path``."""
     ex = ClickHouseExporter(Config(endpoint=f"chdb://{tmp_path}/ch", flush_interval=0.05,
                                    ttl=0),
                             Context("clickhouse", ["traces"], data_dir=str(tmp_path)))
@@ -102,12 +105,27 @@ async def store(tmp_path: Path) -> AsyncIterator[ClickHouseExporter]:
         await ex.shutdown()
 
 
+@pytest_asyncio.fixture(scope="class", loop_scope="class")
+async def store(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[ClickHouseExporter]:
+    """One store per class, for tests that only read it (they run on the class's loop:
+    ``ON_CLASS_LOOP``); shut down at the class's end, as chdb takes one engine path per
+    process. A test that writes has its own (``TestWrites``)."""
+    async with open_store(tmp_path_factory.mktemp("ui_api")) as ex:
+        yield ex
+
+
+# the async tests on a class-scoped store run on their class's loop, as the store does (one
+# by one where the class also holds a sync test: pytest-asyncio warns about a marked one)
+ON_CLASS_LOOP = pytest.mark.asyncio(loop_scope="class")
+
+
 def hexid(i: int) -> tuple[str, str]:
     t, s = ids(i)
     return t.hex(), s.hex()
 
 
 class TestQueries:
+    @ON_CLASS_LOOP
     async def test_operations_and_search(self, store: ClickHouseExporter) -> None:
         """The operations with their calls; the search finds the slow call first by
         duration, with its inclusive CPU, off-CPU, samples and method, and every filter
@@ -150,6 +168,7 @@ class TestQueries:
         assert three["calls"][0]["approximate"] == {
             "thread": {"cpu_ns": 5 * MS, "inclusive_cpu_ns": 5 * MS, "sample_count": 1}}
 
+    @ON_CLASS_LOOP
     async def test_histogram(self, store: ClickHouseExporter) -> None:
         """Log-spaced buckets from the shortest call to the longest, the counts adding up
         to the calls, the slow call alone in the last bucket with its CPU share, and the
@@ -168,6 +187,7 @@ class TestQueries:
                                                 tenant="a")
         assert (none["calls"], none["buckets"], none["p99_ns"]) == (0, [], None)
 
+    @ON_CLASS_LOOP
     async def test_function_spans(self, store: ClickHouseExporter) -> None:
         """slow_path was burnt by one span of one trace; handle by every call, the slow one
         and call 3 (with its approximate row under ``all``) first; lock_wait only shows
@@ -194,6 +214,7 @@ class TestQueries:
         assert (await ui_queries.function_spans(store, "spanprof", "lock_wait", RANGE,
                                              tenant="a"))["spans"] == []
 
+    @ON_CLASS_LOOP
     async def test_span_flame_graph_with_and_without_children(
             self, store: ClickHouseExporter) -> None:
         """With children the slow call's flame graph includes its child's db_exec (CPU),
@@ -220,6 +241,7 @@ class TestQueries:
         assert [n[2] for n in few["nodes"]] == ["main", "handle", "slow_path"]
         assert few["nodes_left_out"] == 2  # query_fn, db_exec: the smallest
 
+    @ON_CLASS_LOOP
     async def test_operation_flame_graph_and_base(self, store: ClickHouseExporter) -> None:
         """An operation's nodes over a range; against a base range, each kept node's
         value there and both ranges' calls."""
@@ -232,6 +254,7 @@ class TestQueries:
         assert (same["calls"], same["base_calls"], same["base_total"]) == \
             (CALLS, CALLS, same["total"])
 
+    @ON_CLASS_LOOP
     async def test_one_span(self, store: ClickHouseExporter) -> None:
         """One span read by its ids has the figures its trace gives it; an unknown one is
         None."""
@@ -243,22 +266,7 @@ class TestQueries:
         assert await ui_queries.span(store, "spanprof", tid, "00" * 8, tenant="a") is None
         assert await ui_queries.span(store, "spanprof", tid, sid, tenant="c") is None
 
-    async def test_one_span_with_rows_stored_without_their_trace(
-            self, store: ClickHouseExporter) -> None:
-        """Rows stored with a span id alone (``trace_id ''``) count for the span whose
-        trace span_index gives them, as in its trace; not for the same span id elsewhere."""
-        tid, sid = hexid(5)
-        extra = Attribution(b"", ids(5)[1], "link", "shop", "checkout", b"", T0, 0, False,
-                            7 * MS, 0, 1, {"handle": 7 * MS}, {}, 9, 7 * MS, {H: 7 * MS})
-        await store.consume(AttributionBatch([extra], tenant="a"))
-        await store.consume(AttributionBatch([extra], tenant="b"))
-        one = await ui_queries.span(store, "spanprof", tid, sid, tenant="a")
-        whole = await queries.trace(store, "spanprof", tid, tenant="a")
-        assert one == next(s for s in whole["spans"] if s["span_id"] == sid)
-        assert one is not None and one["cpu_ns"] == (20 + 7) * MS
-        other = await ui_queries.span(store, "spanprof", hexid(6)[0], sid, tenant="a")
-        assert other is None  # that span id is trace 5's
-
+    @ON_CLASS_LOOP
     async def test_path_hashes_tell_paths_apart(self, store: ClickHouseExporter) -> None:
         """PATH_HASHES gives every distinct path (prefix of frames) its own hash, and its
         parent's prefix sum: 50 000 random stacks up to 40 frames deep, over 6 names that
@@ -273,6 +281,7 @@ class TestQueries:
         (hashes, paths, zeros), = rows
         assert hashes == paths > 100_000 and zeros == 0
 
+    @ON_CLASS_LOOP
     async def test_each_tenant_sees_its_own(self, store: ClickHouseExporter) -> None:
         """b's answers name b's functions only; a tenant with no data gets nothing."""
         tid, sid = hexid(SLOW)
@@ -306,6 +315,31 @@ class TestQueries:
             p = inspect.signature(f).parameters["tenant"]
             assert p.kind is inspect.Parameter.KEYWORD_ONLY, name
             assert p.default is inspect.Parameter.empty, name
+
+
+class TestWrites:
+    """Tests that add rows: each on a store of its own (not the shared one)."""
+
+    @pytest_asyncio.fixture
+    async def store(self, tmp_path: Path) -> AsyncIterator[ClickHouseExporter]:
+        async with open_store(tmp_path) as ex:
+            yield ex
+
+    async def test_one_span_with_rows_stored_without_their_trace(
+            self, store: ClickHouseExporter) -> None:
+        """Rows stored with a span id alone (``trace_id ''``) count for the span whose
+        trace span_index gives them, as in its trace; not for the same span id elsewhere."""
+        tid, sid = hexid(5)
+        extra = Attribution(b"", ids(5)[1], "link", "shop", "checkout", b"", T0, 0, False,
+                            7 * MS, 0, 1, {"handle": 7 * MS}, {}, 9, 7 * MS, {H: 7 * MS})
+        await store.consume(AttributionBatch([extra], tenant="a"))
+        await store.consume(AttributionBatch([extra], tenant="b"))
+        one = await ui_queries.span(store, "spanprof", tid, sid, tenant="a")
+        whole = await queries.trace(store, "spanprof", tid, tenant="a")
+        assert one == next(s for s in whole["spans"] if s["span_id"] == sid)
+        assert one is not None and one["cpu_ns"] == (20 + 7) * MS
+        other = await ui_queries.span(store, "spanprof", hexid(6)[0], sid, tenant="a")
+        assert other is None  # that span id is trace 5's
 
 
 class TestFlameTree:
@@ -344,7 +378,7 @@ class TestFlameTree:
         assert depth == 5000
 
 
-@pytest.fixture
+@pytest_asyncio.fixture(loop_scope="class")  # on TestHttp's loop, as its store
 async def admin(store: ClickHouseExporter) -> AsyncIterator[AdminServer]:
     graph = Graph(nodes={"exporter:clickhouse": Node("exporter:clickhouse", store)},
                   order=["exporter:clickhouse"])
@@ -417,6 +451,7 @@ BAD = [
 ]
 
 
+@ON_CLASS_LOOP
 class TestHttp:
     @pytest.mark.parametrize(("path", "field"), BAD)
     async def test_a_bad_parameter_is_a_400_naming_it(self, admin: AdminServer, path: str,

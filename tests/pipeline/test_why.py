@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import pytest_asyncio
 
 from pipeline import cli, flamegraph, why_text
 from pipeline.admin import queries, why
@@ -120,8 +121,14 @@ def contended() -> tuple[list[Span], list[Attribution]]:
     return spans, attrs
 
 
-@pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[ClickHouseExporter]:
+# every test only reads the store: one store (and one event loop) for the module, shut down
+# at its end (chdb takes one engine path per process: the next module opens its own)
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def store(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[ClickHouseExporter]:
+    tmp_path = tmp_path_factory.mktemp("why")
     ex = ClickHouseExporter(Config(endpoint=f"chdb://{tmp_path}/ch", flush_interval=0.05,
                                    ttl=0),
                             Context("clickhouse", ["traces"], data_dir=str(tmp_path)))
