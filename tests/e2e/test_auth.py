@@ -14,6 +14,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ import grpc
 import pytest
 
 from tests.conftest import ROOT, SpanprofProcess, wait_until
+from tests.e2e.test_kafka_crash import _side_by_side
 
 pytestmark = pytest.mark.e2e
 APP = ROOT / "tests" / "e2e" / "sdk_app.py"
@@ -131,32 +133,40 @@ class TestAuth:
         assert admin_get(sp, "/api/v1/spans", TEAM_B)[0] == 200
 
         # the real SDK app with its token: spans over gRPC and HTTP, samples by basic auth
-        run_app(sp, "grpc", "svc-grpc", TEAM_A)
-        run_app(sp, "http", "svc-http", TEAM_B)
+        _side_by_side(lambda: run_app(sp, "grpc", "svc-grpc", TEAM_A),
+                      lambda: run_app(sp, "http", "svc-http", TEAM_B))
         wait_until(lambda: services(sp).get("svc-grpc", 0) > 0
                    and services(sp, TEAM_B).get("svc-http", 0) > 0, timeout=60)
         refused_before = counter(sp, "spanprof_receiver_unauthenticated_requests_total")
 
         # a wrong token and none: refused at every receiver, nothing stored
-        for protocol, token in (("grpc", "tok-wrong-wrong-wrong-1"), ("http", "")):
-            run_app(sp, protocol, f"svc-refused-{protocol}", token)
+        _side_by_side(*(lambda p=protocol, t=token: run_app(sp, p, f"svc-refused-{p}", t)
+                        for protocol, token in (("grpc", "tok-wrong-wrong-wrong-1"),
+                                                ("http", ""))))
+        refused_at = time.monotonic()
         with pytest.raises(grpc.RpcError) as err:
             grpc.insecure_channel(sp.grpc_target).unary_unary(TRACE_EXPORT)(b"", timeout=5)
         assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
-        time.sleep(1.0)  # anything let through would be stored by now
-        assert not [s for token in (TEAM_A, TEAM_B) for s in services(sp, token)
-                    if s.startswith("svc-refused")]
+
+        # the CLI: refused without a token, answered with SPANPROF_TOKEN or --token (run
+        # meanwhile: it asserts below)
+        cli = [sys.executable, "-m", "pipeline.cli", "top", "--admin", sp.admin,
+               "--format", "json", "--method", "all"]
+        with ThreadPoolExecutor(2) as pool:
+            no_run = pool.submit(subprocess.run, cli, capture_output=True, text=True,
+                                 timeout=60)
+            yes_run = pool.submit(subprocess.run, [*cli, "--token", TEAM_A],
+                                  capture_output=True, text=True, timeout=60)
+            # anything let through would be stored a second after the apps ended
+            time.sleep(max(0.0, refused_at + 1.0 - time.monotonic()))
+            assert not [s for token in (TEAM_A, TEAM_B) for s in services(sp, token)
+                        if s.startswith("svc-refused")]
+            no, yes = no_run.result(), yes_run.result()
         # each app sent spans and at least one profile push, all refused and counted
         assert counter(sp, "spanprof_receiver_unauthenticated_requests_total") >= \
             refused_before + 5
 
-        # the CLI: refused without a token, answered with SPANPROF_TOKEN or --token
-        cli = [sys.executable, "-m", "pipeline.cli", "top", "--admin", sp.admin,
-               "--format", "json", "--method", "all"]
-        no = subprocess.run(cli, capture_output=True, text=True, timeout=60)
         assert no.returncode != 0 and "401" in no.stderr
-        yes = subprocess.run([*cli, "--token", TEAM_A], capture_output=True, text=True,
-                             timeout=60)
         assert yes.returncode == 0, yes.stderr
         assert {s["service"] for s in json.loads(yes.stdout)} == {"svc-grpc"}  # team-a's
 

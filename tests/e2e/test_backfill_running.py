@@ -9,6 +9,7 @@ import asyncio
 import json
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -33,27 +34,6 @@ def backfill(p: SpanprofProcess, *args: str) -> subprocess.CompletedProcess[str]
 def test_submitted_to_the_running_pipeline(tmp_path: Path) -> None:
     data = generate(400, seed=11)
     files = write_files(data, tmp_path / "files")
-    p = SpanprofProcess(tmp_path / "run")
-    p.start()
-    done = backfill(p, "files", str(tmp_path / "files"), "--workers", "2")
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "submitting to" in done.stderr
-    summary: dict[str, Any] = json.loads(done.stdout)
-    assert summary["spans"] == len(data.spans) and summary["samples"] == len(data.samples)
-    assert summary["cpu_in_ns"] == sum(s.value for s in data.samples)
-    again = backfill(p, "files", *map(str, files), "--workers", "2")  # the same files
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert json.loads(again.stdout)["done"] == 0  # the ledger: nothing left to do
-    # a reattribute job goes the same way; a bad range is refused naming the field
-    bad = backfill(p, "reattribute", "--range", "1h..2h")
-    assert bad.returncode != 0 and "range" in bad.stderr
-    assert p.stop() == 0
-
-    with clickhouse(p.data) as ch:
-        assert ch.query("SELECT count() FROM spanprof.otel_traces").result_rows[0][0] == \
-            len(data.spans)
-        rows = ch.query(PER_SPAN.format(db="spanprof")).result_rows
-    mine = {(r[0], r[1], r[2]): (int(r[3]), int(r[4]), int(r[5])) for r in rows}
 
     async def live_per_span() -> Any:
         lv = await open_store(tmp_path / "live", "live")
@@ -63,4 +43,30 @@ def test_submitted_to_the_running_pipeline(tmp_path: Path) -> None:
         finally:
             await lv.shutdown()
 
-    assert mine == asyncio.run(live_per_span())
+    # the live correlator's answer is computed in this process while the pipeline runs;
+    # the embedded engine holds one store at a time here, so ``with`` waits for it before
+    # ``p.data`` is opened below
+    with ThreadPoolExecutor(1) as pool:
+        expected = pool.submit(asyncio.run, live_per_span())
+        p = SpanprofProcess(tmp_path / "run")
+        p.start()
+        done = backfill(p, "files", str(tmp_path / "files"), "--workers", "2")
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert "submitting to" in done.stderr
+        summary: dict[str, Any] = json.loads(done.stdout)
+        assert summary["spans"] == len(data.spans) and summary["samples"] == len(data.samples)
+        assert summary["cpu_in_ns"] == sum(s.value for s in data.samples)
+        again = backfill(p, "files", *map(str, files), "--workers", "2")  # the same files
+        assert again.returncode == 0, again.stderr[-3000:]
+        assert json.loads(again.stdout)["done"] == 0  # the ledger: nothing left to do
+        # a reattribute job goes the same way; a bad range is refused naming the field
+        bad = backfill(p, "reattribute", "--range", "1h..2h")
+        assert bad.returncode != 0 and "range" in bad.stderr
+        assert p.stop() == 0
+
+    with clickhouse(p.data) as ch:
+        assert ch.query("SELECT count() FROM spanprof.otel_traces").result_rows[0][0] == \
+            len(data.spans)
+        rows = ch.query(PER_SPAN.format(db="spanprof")).result_rows
+    mine = {(r[0], r[1], r[2]): (int(r[3]), int(r[4]), int(r[5])) for r in rows}
+    assert mine == expected.result()

@@ -16,6 +16,7 @@ import signal
 import time
 import uuid
 from collections import defaultdict
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -220,16 +221,22 @@ class TestRedelivery:
                     b.sample([f"fn{j % 4}"], (j + 1) * MS, tid, sid, service="svc")
                     n_samples += 1
                 profiles_stub(channel).Export(b.build(), timeout=30)
-            assert gateway.stop() == 0
 
-            def read_all() -> None:
-                worker.start()
+            def start_as_the_gateway_stops() -> None:
+                # every Export above was answered once Kafka had acknowledged its messages:
+                # the topics are complete before the gateway's stop
+                _, rc = _side_by_side(worker.start, gateway.stop)
+                assert rc == 0
+
+            def read_all(start: Callable[[], None] = worker.start) -> None:
+                start()
+                # every message delivered (offsets are committed after delivery); a stop
+                # reports and writes everything the worker holds
                 wait_until(lambda: asyncio.run(_lag(kafka_broker.bootstrap, names["group"],
-                                                    topics)) == 0, timeout=90, interval=0.5)
-                time.sleep(0.5)
+                                                    topics)) == 0, timeout=90, interval=0.1)
                 assert worker.stop() == 0
 
-            read_all()
+            read_all(start_as_the_gateway_stops)
             asyncio.run(_rewind(kafka_broker.bootstrap, names["group"], topics,
                                 range(PARTITIONS)))
             read_all()

@@ -19,6 +19,7 @@ from pipeline.kafka.security import KafkaAuth, Sasl, client_settings
 from tests.certs import CertAuthority
 from tests.conftest import SpanprofProcess, wait_until
 from tests.e2e.otlp_clients import sdk_spans
+from tests.e2e.test_kafka_crash import _side_by_side
 from tests.e2e.test_kafka_tier import CORRELATOR, GATEWAY
 from tests.kafka_broker import KafkaBroker
 
@@ -61,24 +62,27 @@ def test_tiers_through_sasl_ssl(tmp_path: Path) -> None:
         tls = ClientTls(ca_file=str(ca.path))
         good = client_settings(tls, KafkaAuth(Sasl("spanprof", PASSWORD)))
         wrong = client_settings(tls, KafkaAuth(Sasl("spanprof", "not-the-password")))
-        assert asyncio.run(can_produce(secure, **good))
-        assert not asyncio.run(can_produce(secure, **wrong))
-        assert not asyncio.run(can_produce(secure))  # plain text to the SASL_SSL listener
+
+        async def probes() -> list[bool]:
+            return list(await asyncio.gather(
+                can_produce(secure, **good), can_produce(secure, **wrong),
+                can_produce(secure)))  # the last: plain text to the SASL_SSL listener
 
         names = {"brokers": secure, "group": f"g{uuid.uuid4().hex[:6]}",
                  "spans": f"s{uuid.uuid4().hex[:6]}", "profiles": f"p{uuid.uuid4().hex[:6]}",
                  "ca": ca.path, "password": PASSWORD}
         gateway = SpanprofProcess(tmp_path / "gw", config_text=secured(GATEWAY) % names)
         correlator = SpanprofProcess(tmp_path / "co", config_text=secured(CORRELATOR) % names)
-        gateway.start()
-        correlator.start()
+        # the probes (their own topic) while both tiers start
+        probed, _, _ = _side_by_side(lambda: asyncio.run(probes()), gateway.start,
+                                     correlator.start)
+        assert probed == [True, False, False]  # good, wrong password, plain text
         keys = sdk_spans(gateway.grpc_target, "checkout", 10)
         want = {(t.hex(), s.hex()) for t, s in keys}
         wait_until(lambda: {(s["trace_id"], s["span_id"]) for s in
                             correlator.get("/api/v1/spans?limit=1000")["spans"]} == want,
                    timeout=60)
-        assert gateway.stop() == 0
-        assert correlator.stop() == 0
+        assert _side_by_side(gateway.stop, correlator.stop) == [0, 0]
         for p in (gateway, correlator):
             assert PASSWORD not in p.logs()
     finally:

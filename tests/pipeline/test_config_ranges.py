@@ -245,11 +245,14 @@ service: {pipelines: {traces: {receivers: [otlp], exporters: [debug]}}}
         bad: list[Any] = [None, [], {}, [1, "x"], {"a": 1}, 0, -1, 10**30, 1e400,
                           float("nan"), True, "", "\u00fcn\u00efcode\u2603", "${env:NOPE}",
                           {1: 2}, {None: 1}, "1e999"]
+        # libyaml's emitter where PyYAML has it: the same documents, written ~5x faster
+        # than by the pure Python one (only a top-level scalar lacks the "..." end mark)
+        dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
         count = 0
         for path in _paths(base):
             for value in bad:
                 doc = _replace(copy.deepcopy(base), path, value)
-                text = yaml.safe_dump(doc, allow_unicode=True)
+                text = yaml.dump(doc, Dumper=dumper, allow_unicode=True)
                 count += 1
                 try:
                     build(load_text(text, FACTORIES, env={}), FACTORIES)
