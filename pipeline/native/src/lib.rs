@@ -425,6 +425,21 @@ pub(crate) struct Nest {
 }
 
 impl Nest {
+    /// The messages of `resources`: each its header and head, then its scopes
+    /// (`scopes[from..to]`), each its header and head, then what `inner` writes of it.
+    pub(crate) fn put(&self, buf: &mut Vec<u8>, b: &[u8], resources: &[Run], scopes: &[Run],
+                      mut inner: impl FnMut(&mut Vec<u8>, &Run)) {
+        for res in resources {
+            put_header(buf, 1, res.size);
+            copy(buf, b, &self.resource_heads[res.key as usize]);
+            for sc in &scopes[res.from..res.to] {
+                put_header(buf, 2, sc.size);
+                copy(buf, b, &self.scope_heads[sc.key as usize]);
+                inner(buf, sc);
+            }
+        }
+    }
+
     /// One resource entry `rs` walked: its heads kept (the resource and the scopes checked
     /// with `checks`, their schema_urls as UTF-8, when given), each item of each scope
     /// given to `item` with the scope's index. None for any other field.
@@ -606,15 +621,9 @@ fn split(b: &[u8], req: &Request, keying: Keying, limit: usize, buf: &mut Vec<u8
             return Err(Refused::TooLarge); // resource and scope fields repeated too often
         }
         let msg_start = buf.len();
-        for res in &resources {
-            put_header(buf, 1, res.size);
-            copy(buf, b, &req.nest.resource_heads[res.key as usize]);
-            for sc in &scopes[res.from..res.to] {
-                put_header(buf, 2, sc.size);
-                copy(buf, b, &req.nest.scope_heads[sc.key as usize]);
-                copy_runs(buf, b, &spans[sc.from..sc.to], |s| (span(s).1, span(s).2));
-            }
-        }
+        req.nest.put(buf, b, &resources, &scopes, |buf, sc| {
+            copy_runs(buf, b, &spans[sc.from..sc.to], |s| (span(s).1, span(s).2));
+        });
         idx.extend_from_slice(&[group_key[g], msg_start as u64, buf.len() as u64]);
     }
     Ok(())

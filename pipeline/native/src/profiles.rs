@@ -186,20 +186,13 @@ pub(crate) fn split(b: &[u8], keying: Keying, _limit: usize, buf: &mut Vec<u8>,
         outer_runs(&profiles, &req.profile_scope, &req.nest.scope_heads, &mut scopes);
         outer_runs(&scopes, &req.nest.scope_resource, &req.nest.resource_heads, &mut resources);
         let msg_start = buf.len();
-        for res in &resources {
-            put_header(buf, 1, res.size);
-            copy(buf, b, &req.nest.resource_heads[res.key as usize]);
-            for sc in &scopes[res.from..res.to] {
-                put_header(buf, 2, sc.size);
-                copy(buf, b, &req.nest.scope_heads[sc.key as usize]);
-                for prof in &profiles[sc.from..sc.to] {
-                    put_header(buf, 2, prof.size);
-                    copy(buf, b, &req.profile_heads[prof.key as usize]);
-                    copy_runs(buf, b, &samples[prof.from..prof.to],
-                              |s| (sample(s).1, sample(s).2));
-                }
+        req.nest.put(buf, b, &resources, &scopes, |buf, sc| {
+            for prof in &profiles[sc.from..sc.to] {
+                put_header(buf, 2, prof.size);
+                copy(buf, b, &req.profile_heads[prof.key as usize]);
+                copy_runs(buf, b, &samples[prof.from..prof.to], |s| (sample(s).1, sample(s).2));
             }
-        }
+        });
         // the dictionary: its tables, and the links this part names (and the zero entry)
         let mut size = rest_len;
         let mut at = 0usize;
