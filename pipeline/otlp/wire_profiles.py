@@ -31,7 +31,7 @@ from opentelemetry.proto.collector.profiles.v1development.profiles_service_pb2 i
 )
 
 from pipeline.otlp.split import MessageKeys
-from pipeline.otlp.wire import _fields, _header, _varint, nested
+from pipeline.otlp.wire import _fields, _header, _skip, _varint, nested
 
 Path = tuple[int, int, int]
 # the dictionary's copies may always add this many bytes (a small request's dictionary is
@@ -145,24 +145,12 @@ def _profile(data: bytes, start: int, end: int, path: Path, prof: Any,
                 i = j + n
         else:
             tag, i = _varint(data, i)
-            wire = tag & 7
-            if tag == 0x12:  # a sample whose tag is longer than it need be
-                n, i = _varint(data, i)
-                i += n
-            else:  # the profile's own fields
-                if wire == 0:
-                    i = _varint(data, i)[1]
-                elif wire == 1:
-                    i += 8
-                elif wire == 2:
-                    n, i = _varint(data, i)
-                    i += n
-                elif wire == 5:
-                    i += 4
-                else:
-                    raise ValueError(f"unsupported wire type {wire}")
+            if tag != 0x12:  # the profile's own fields
+                i = _skip(data, i, tag & 7)
                 head.append(data[f0:i])
                 continue
+            n, i = _varint(data, i)  # a sample whose tag is longer than it need be
+            i += n
         li = link_indices[k]
         k += 1
         if li != last_li:

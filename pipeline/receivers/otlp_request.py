@@ -30,4 +30,4 @@ def take_request(signal: str, body: bytes, *, records: bool, parse: Callable[[by
             return decoded
     req = parse(body)
     check_items(count_items(signal, req), limit, ITEMS[signal], key)
-    return decode(req, records, wire) if signal == "traces" else decode(req, records, wire=wire)
+    return decode(req, records, wire=wire)
