@@ -14,6 +14,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -220,6 +221,13 @@ def wait_until(fn: Any, timeout: float = 30.0, interval: float = 0.2) -> Any:
             return last
         time.sleep(interval)
     raise AssertionError(f"condition not met in {timeout}s; last value: {last!r}")
+
+
+def side_by_side(*calls: Any) -> list[Any]:
+    """Run the calls at once (processes starting or stopping, clients), each to its end:
+    their results in order, or the first error."""
+    with ThreadPoolExecutor(len(calls)) as pool:
+        return [f.result() for f in [pool.submit(c) for c in calls]]
 
 
 @pytest.fixture(scope="session")

@@ -21,8 +21,7 @@ from typing import Any
 import grpc
 import pytest
 
-from tests.conftest import ROOT, SpanprofProcess, wait_until
-from tests.e2e.test_kafka_crash import _side_by_side
+from tests.conftest import ROOT, SpanprofProcess, side_by_side, wait_until
 
 pytestmark = pytest.mark.e2e
 APP = ROOT / "tests" / "e2e" / "sdk_app.py"
@@ -133,14 +132,14 @@ class TestAuth:
         assert admin_get(sp, "/api/v1/spans", TEAM_B)[0] == 200
 
         # the real SDK app with its token: spans over gRPC and HTTP, samples by basic auth
-        _side_by_side(lambda: run_app(sp, "grpc", "svc-grpc", TEAM_A),
+        side_by_side(lambda: run_app(sp, "grpc", "svc-grpc", TEAM_A),
                       lambda: run_app(sp, "http", "svc-http", TEAM_B))
         wait_until(lambda: services(sp).get("svc-grpc", 0) > 0
                    and services(sp, TEAM_B).get("svc-http", 0) > 0, timeout=60)
         refused_before = counter(sp, "spanprof_receiver_unauthenticated_requests_total")
 
         # a wrong token and none: refused at every receiver, nothing stored
-        _side_by_side(*(lambda p=protocol, t=token: run_app(sp, p, f"svc-refused-{p}", t)
+        side_by_side(*(lambda p=protocol, t=token: run_app(sp, p, f"svc-refused-{p}", t)
                         for protocol, token in (("grpc", "tok-wrong-wrong-wrong-1"),
                                                 ("http", ""))))
         refused_at = time.monotonic()

@@ -17,7 +17,6 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +28,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from pipeline.exporters.clickhouse.migrate import bootstrap, statements
 from pipeline.exporters.clickhouse.schema import SchemaOptions
 from pipeline.otlp.builder import ProfileBuilder
-from tests.conftest import SpanprofProcess, clickhouse, wait_until
+from tests.conftest import SpanprofProcess, clickhouse, side_by_side, wait_until
 from tests.e2e.otlp_clients import profiles_stub, traces_stub
 from tests.e2e.test_kafka_tier import CORRELATOR, GATEWAY
 from tests.e2e.test_sigterm import _spans
@@ -68,13 +67,6 @@ async def _stable_members(bootstrap_servers: str, group: str) -> int:
         await admin.close()
 
 
-def _side_by_side(*calls: Any) -> list[Any]:
-    """Run the calls at once (processes starting or stopping), each to its end: their
-    results, or the first error."""
-    with ThreadPoolExecutor(len(calls)) as pool:
-        return [f.result() for f in [pool.submit(c) for c in calls]]
-
-
 async def _rewind(bootstrap_servers: str, group: str, topics: list[str],
                   partitions: range = range(3)) -> None:
     c = AIOKafkaConsumer(bootstrap_servers=bootstrap_servers, group_id=group,
@@ -108,7 +100,7 @@ class TestWorkerCrash:
         truth: dict[tuple[bytes, bytes], int] = defaultdict(int)
         all_spans: list[tuple[bytes, bytes]] = []
         try:
-            _side_by_side(gateway.start, *(w.start for w in workers))
+            side_by_side(gateway.start, *(w.start for w in workers))
             # the group settled on its three members (each owns partitions)
             wait_until(lambda: asyncio.run(_stable_members(kafka_broker.bootstrap,
                                                            names["group"])) == 3,
@@ -139,7 +131,7 @@ class TestWorkerCrash:
             # reports and writes everything a worker holds
             wait_until(lambda: asyncio.run(_lag(kafka_broker.bootstrap, names["group"],
                                                 topics)) == 0, timeout=120, interval=0.25)
-            for w, rc in zip(workers, _side_by_side(*(w.stop for w in workers)), strict=True):
+            for w, rc in zip(workers, side_by_side(*(w.stop for w in workers)), strict=True):
                 assert rc == 0, w.logs()[-2000:]
             # Whatever the kill hit, force a redelivery too: rewind half the partitions to 0
             # and let one worker read them again.
@@ -225,7 +217,7 @@ class TestRedelivery:
             def start_as_the_gateway_stops() -> None:
                 # every Export above was answered once Kafka had acknowledged its messages:
                 # the topics are complete before the gateway's stop
-                _, rc = _side_by_side(worker.start, gateway.stop)
+                _, rc = side_by_side(worker.start, gateway.stop)
                 assert rc == 0
 
             def read_all(start: Callable[[], None] = worker.start) -> None:

@@ -17,9 +17,8 @@ from aiokafka.errors import KafkaError
 from pipeline.config.tls import ClientTls
 from pipeline.kafka.security import KafkaAuth, Sasl, client_settings
 from tests.certs import CertAuthority
-from tests.conftest import SpanprofProcess, wait_until
+from tests.conftest import SpanprofProcess, side_by_side, wait_until
 from tests.e2e.otlp_clients import sdk_spans
-from tests.e2e.test_kafka_crash import _side_by_side
 from tests.e2e.test_kafka_tier import CORRELATOR, GATEWAY
 from tests.kafka_broker import KafkaBroker
 
@@ -74,7 +73,7 @@ def test_tiers_through_sasl_ssl(tmp_path: Path) -> None:
         gateway = SpanprofProcess(tmp_path / "gw", config_text=secured(GATEWAY) % names)
         correlator = SpanprofProcess(tmp_path / "co", config_text=secured(CORRELATOR) % names)
         # the probes (their own topic) while both tiers start
-        probed, _, _ = _side_by_side(lambda: asyncio.run(probes()), gateway.start,
+        probed, _, _ = side_by_side(lambda: asyncio.run(probes()), gateway.start,
                                      correlator.start)
         assert probed == [True, False, False]  # good, wrong password, plain text
         keys = sdk_spans(gateway.grpc_target, "checkout", 10)
@@ -82,7 +81,7 @@ def test_tiers_through_sasl_ssl(tmp_path: Path) -> None:
         wait_until(lambda: {(s["trace_id"], s["span_id"]) for s in
                             correlator.get("/api/v1/spans?limit=1000")["spans"]} == want,
                    timeout=60)
-        assert _side_by_side(gateway.stop, correlator.stop) == [0, 0]
+        assert side_by_side(gateway.stop, correlator.stop) == [0, 0]
         for p in (gateway, correlator):
             assert PASSWORD not in p.logs()
     finally:

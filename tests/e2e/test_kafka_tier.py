@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import uuid
 from collections import defaultdict
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +13,7 @@ import grpc
 import pytest
 
 from pipeline.otlp.builder import ProfileBuilder
-from tests.conftest import SpanprofProcess, clickhouse, wait_until
+from tests.conftest import SpanprofProcess, clickhouse, side_by_side, wait_until
 from tests.e2e.otlp_clients import profiles_stub, sdk_spans
 
 pytestmark = pytest.mark.e2e
@@ -126,9 +125,7 @@ class TestBrokerOutage:
         codes: list[str] = []
         stop = threading.Event()
         try:
-            with ThreadPoolExecutor(2) as pool:  # the two come up side by side
-                for f in [pool.submit(p.start) for p in (gateway, correlator)]:
-                    f.result()
+            side_by_side(gateway.start, correlator.start)  # the two come up at once
             stub = traces_stub(grpc.insecure_channel(gateway.grpc_target))
 
             def client() -> None:

@@ -15,7 +15,6 @@ import ssl
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +29,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from tests.certs import CertAuthority, Issued
-from tests.conftest import SpanprofProcess, wait_until
+from tests.conftest import SpanprofProcess, side_by_side, wait_until
 
 pytestmark = pytest.mark.e2e
 TRACE_EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
@@ -208,9 +207,9 @@ class TestTls:
                 client_key_file=str(client.key) if client else None,
                 client_certificate_file=str(client.cert) if client else None)))
         # all at once, each waiting out its retries
-        with ThreadPoolExecutor(len(refused)) as pool:
-            results = dict(zip([n for n, _ in refused], pool.map(
-                lambda r: r[1].export(finished_spans(r[0], 1)), refused), strict=True))
+        results = dict(zip([n for n, _ in refused], side_by_side(
+            *(lambda n=n, e=e: e.export(finished_spans(n, 1)) for n, e in refused)),
+            strict=True))
         assert results == {n: SpanExportResult.FAILURE for n, _ in refused}
         g = GrpcExporter(endpoint=target, credentials=grpc_credentials(ca, good), timeout=10)
         assert g.export(finished_spans("grpc-good", 2)) == SpanExportResult.SUCCESS
