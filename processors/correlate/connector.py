@@ -47,6 +47,7 @@ from collections.abc import Callable
 
 import msgspec
 
+from pipeline.component import Consumer
 from pipeline.config import Duration, NonNegDuration, PositiveInt
 from pipeline.errors import ConfigError, Retryable
 from pipeline.records import DEFAULT_TENANT, AttributionBatch, Batch, ProfileBatch, SpanBatch
@@ -184,41 +185,66 @@ class SpanCorrelator:
                           big.bytes - max(0, held - max_bytes), now)
 
     async def flush(self, force: bool = False) -> bool:
-        """Report what is due and send the outbox; True when nothing is left unsent."""
+        """Report what is due and send the outbox; True when nothing is left unsent.
+
+        What is due is taken ``OUTBOX_CHUNK`` entries at a time, each piece sent before
+        the next is built: at shutdown (everything held, 200 000 spans by default) the
+        rows of all of it at once were 300 MiB more at the moment the process stops. When
+        a send fails, the rest of what is due is taken into the outbox all the same (it
+        then bounds new input, ``consume``), except when forced: the state keeps it for
+        the next try."""
         async with self._lock:
             now = self.clock()
-            for tenant, state in self.states.items():
-                evicted_before = state.stats.evicted
-                due = state.take_due(now, force=force)
-                # in pieces: each is one bounded insert, and one slow piece does not hold
-                # the rest
-                for i in range(0, max(len(due.attributions), 1), OUTBOX_CHUNK):
-                    piece = AttributionBatch(due.attributions[i:i + OUTBOX_CHUNK],
-                                             due.unattributed if i == 0 else [], tenant=tenant)
-                    if piece.attributions or piece.unattributed:
-                        self._outbox.append(piece)
-                if state.stats.evicted != evicted_before:
-                    self.log.warning("correlator_evicted", tenant=tenant,
-                                     evicted_total=state.stats.evicted,
-                                     max_entries=self.cfg.max_entries,
-                                     max_state_mib=self.cfg.max_state_mib,
-                                     state_mib=round(state.bytes / (1 << 20), 1))
             nxt = self.ctx.next["attributions"]
-            if not self._outbox:
-                return True
-            sending = list(self._outbox)
-            results = await asyncio.gather(*(nxt.consume(b) for b in sending),
-                                           return_exceptions=True)
-            failed = [b for b, r in zip(sending, results, strict=True)
-                      if isinstance(r, BaseException)]
-            # kept and retried, in order: nothing is dropped, nothing accepted goes twice
-            self._outbox = failed + self._outbox[len(sending):]
-            errors = [r for r in results if isinstance(r, BaseException)]
-            if errors:
-                self.log.warning("correlator_send_failed", error=str(errors[0]),
-                                 failed_batches=len(errors), outbox_rows=self.outbox_rows)
-                return False
+            # a copy: a new tenant's state may come while a piece is sent
+            for tenant, state in list(self.states.items()):
+                while True:
+                    self._take(tenant, state, now, force, OUTBOX_CHUNK)
+                    if not state.has_due(now, force):
+                        break
+                    if not await self._send(nxt):
+                        if not force:
+                            for t, st in list(self.states.items()):
+                                self._take(t, st, now, force, None)
+                        return False  # tried again at the next flush
+            return await self._send(nxt)
+
+    def _take(self, tenant: str, state: CorrelatorState, now: float, force: bool,
+              limit: int | None) -> None:
+        """Move what is due of ``state`` (at most ``limit`` entries) into the outbox, in
+        pieces of at most ``OUTBOX_CHUNK`` rows: each one bounded insert, and one slow piece
+        does not hold the rest."""
+        evicted_before = state.stats.evicted
+        due = state.take_due(now, force=force, limit=limit)
+        for i in range(0, max(len(due.attributions), 1), OUTBOX_CHUNK):
+            piece = AttributionBatch(due.attributions[i:i + OUTBOX_CHUNK],
+                                     due.unattributed if i == 0 else [], tenant=tenant)
+            if piece.attributions or piece.unattributed:
+                self._outbox.append(piece)
+        if state.stats.evicted != evicted_before:
+            self.log.warning("correlator_evicted", tenant=tenant,
+                             evicted_total=state.stats.evicted,
+                             max_entries=self.cfg.max_entries,
+                             max_state_mib=self.cfg.max_state_mib,
+                             state_mib=round(state.bytes / (1 << 20), 1))
+
+    async def _send(self, nxt: Consumer) -> bool:
+        """Send the outbox, its pieces at once; what fails stays, in order, and is retried:
+        nothing is dropped, nothing accepted goes twice."""
+        if not self._outbox:
             return True
+        sending = list(self._outbox)
+        results = await asyncio.gather(*(nxt.consume(b) for b in sending),
+                                       return_exceptions=True)
+        failed = [b for b, r in zip(sending, results, strict=True)
+                  if isinstance(r, BaseException)]
+        self._outbox = failed + self._outbox[len(sending):]
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            self.log.warning("correlator_send_failed", error=str(errors[0]),
+                             failed_batches=len(errors), outbox_rows=self.outbox_rows)
+            return False
+        return True
 
     async def _run(self) -> None:
         while not self._stopped:

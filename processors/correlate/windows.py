@@ -27,7 +27,9 @@ declared here for the type checker only.
 from __future__ import annotations
 
 import heapq
+import sys
 from collections import deque
+from itertools import islice
 
 from pipeline.records import Attribution, AttributionBatch, Sample, Unattributed
 from processors.correlate.accumulators import LINK, Acc, Key, add, attribution
@@ -138,8 +140,25 @@ class Windows(TimedPlacement):
         self._orphan_timed -= len(orphan.timed)
         return orphan.acc
 
-    def take_due(self, now: float, force: bool = False) -> AttributionBatch:
-        """Remove and return every report that is due (all of them when ``force``)."""
+    def has_due(self, now: float, force: bool = False) -> bool:
+        """Whether ``take_due`` would report a held span, late entry or orphan (what its
+        ``limit`` counts)."""
+        if force:
+            return bool(self.spans or self.late or self.orphans)
+        first = next(iter(self.spans.values()), None)
+        # orphans come in arrival order, so the first is the oldest (were one out of order,
+        # the next flush would report it)
+        orphan = next(iter(self.orphans.values()), None)
+        return bool(self.late or (first is not None and first.ready_at <= now)
+                    or (orphan is not None and orphan.acc.since + self.orphan_timeout <= now))
+
+    def take_due(self, now: float, force: bool = False,
+                 limit: int | None = None) -> AttributionBatch:
+        """Remove and return every report that is due (all of them when ``force``); with
+        ``limit``, those of at most that many held spans, late entries and orphans, oldest
+        first (``has_due`` then says whether more are due): a report's rows are built a
+        piece at a time, not all at once (at shutdown, everything held)."""
+        budget = limit if limit is not None else sys.maxsize
         self._place_held(now, force)
         rows: list[Attribution] = []
         for key, info, acc in self._evicted:
@@ -150,22 +169,29 @@ class Windows(TimedPlacement):
         # ones are a prefix, and the scan stops at the first not due (not all held spans)
         due: list[Key] = []
         for k, p in self.spans.items():
-            if not force and p.ready_at > now:
+            if (not force and p.ready_at > now) or len(due) >= budget:
                 break
             due.append(k)
+        budget -= len(due)
         for key in due:
             p = self.spans.pop(key)
             self._items -= p.acc.items()
             rows.extend(_rows(key, p.info, p.acc))
             self.emitted[key] = (now + self.late_window, p.info)
         self._prune_early()
-        for key, late in self.late.items():
+        for key in list(islice(self.late, budget)):
+            late = self.late.pop(key)
             self._items -= late.acc.items()
             rows.extend(_rows(key, late.info, late.acc))
             self.stats.late_reported += 1
-        self.late.clear()
-        for key in [k for k, o in self.orphans.items()
-                    if force or o.acc.since + self.orphan_timeout <= now]:
+            budget -= 1
+        orphans: list[Key] = []
+        for k, o in self.orphans.items():
+            if len(orphans) >= budget:
+                break
+            if force or o.acc.since + self.orphan_timeout <= now:
+                orphans.append(k)
+        for key in orphans:
             rows.extend(_rows(key, None, self._pop_orphan(key)))
             self.stats.orphans_reported += 1
 

@@ -393,6 +393,69 @@ class TestShutdown:
         await asyncio.wait_for(stop, timeout=5)
         assert fake.cpu_rows() == Counter({(sid(1), 11, True): 1, (sid(2), 2, True): 1})
 
+    async def test_everything_held_goes_a_piece_at_a_time(
+            self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """At shutdown everything held is reported, but built and sent a piece at a time:
+        the next piece is taken only once the one before is delivered (the rows of all of
+        it at once were 300 MiB at 200 000 spans); every row exactly once."""
+        monkeypatch.setattr("processors.correlate.connector.OUTBOX_CHUNK", 100)
+        c, fake, _ = make(grace=1_000, orphan_timeout=1_000, max_entries=10_000)
+        await feed(c, *range(1, 1_001))
+        await c.consume(samples(*((n, 5) for n in range(2_001, 2_251))))  # orphans
+        in_flight = peak = 0
+        held_at_send: list[int] = []
+        consume = fake.consume
+
+        async def counting(batch: Batch) -> None:
+            nonlocal in_flight, peak
+            assert isinstance(batch, AttributionBatch)
+            in_flight += len(batch)
+            peak = max(peak, in_flight)
+            held_at_send.append(c.state.entries)
+            await asyncio.sleep(0)  # let a concurrent send (were there one) begin
+            await consume(batch)
+            in_flight -= len(batch)
+
+        fake.consume = counting  # type: ignore[method-assign]
+        await asyncio.wait_for(c.shutdown(), timeout=10)
+        assert peak <= 100
+        assert len(fake.accepted) == 13
+        assert held_at_send == sorted(held_at_send, reverse=True)  # taken as it goes
+        assert held_at_send[0] == 1_150
+        want = Counter({(sid(n), n, True): 1 for n in range(1, 1_001)})
+        want.update({(sid(n), 5, False): 1 for n in range(2_001, 2_251)})
+        assert fake.cpu_rows() == want
+        assert c.state.entries == 0
+
+    async def test_a_piece_refused_at_shutdown_keeps_the_rest_held(
+            self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """A piece refused while stopping stays in the outbox and the rest in the state
+        (not all built at once into the outbox); the retry delivers all, each row once."""
+        monkeypatch.setattr("processors.correlate.connector.OUTBOX_CHUNK", 10)
+        c, fake, _ = make(grace=1_000)
+        await feed(c, *range(1, 51))
+        fake.fail_times = 1
+        assert not await c.flush(force=True)
+        assert c.outbox_rows == 10
+        assert c.state.entries == 40
+        assert await c.flush(force=True)
+        assert fake.cpu_rows() == Counter({(sid(n), n, True): 1 for n in range(1, 51)})
+
+    async def test_a_refused_piece_takes_the_rest_into_the_outbox(
+            self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Not stopping: when a piece is refused, the rest of what is due moves to the
+        outbox as before (where it bounds new input) and is sent later, once each."""
+        monkeypatch.setattr("processors.correlate.connector.OUTBOX_CHUNK", 10)
+        c, fake, clock = make(grace=1)
+        await feed(c, *range(1, 51))
+        clock.t = 2
+        fake.fail_times = 1
+        assert not await c.flush()
+        assert c.outbox_rows == 50
+        assert c.state.entries == 0
+        assert await c.flush()
+        assert fake.cpu_rows() == Counter({(sid(n), n, True): 1 for n in range(1, 51)})
+
 
 class TestBackgroundFlush:
     async def test_flusher_sends_due_rows(self) -> None:

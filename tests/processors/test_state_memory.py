@@ -115,12 +115,14 @@ ops = st.lists(st.tuples(st.sampled_from(["spans", "samples", "timed", "flush"])
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(ops=ops, max_bytes=st.sampled_from([1 << 62, 20_000, 3_000]))
+@given(ops=ops, max_bytes=st.sampled_from([1 << 62, 20_000, 3_000]),
+       limit=st.sampled_from([None, 1, 3]))
 def test_the_running_counts_match_a_recount_and_nothing_is_lost(
-        ops: list[tuple[str, int, int]], max_bytes: int) -> None:
+        ops: list[tuple[str, int, int]], max_bytes: int, limit: int | None) -> None:
     """Whatever the order of spans, samples (labelled or timed) and flushes, and however
-    small the bound: the counters match a recount, every sample's CPU is reported exactly
-    once, and a forced flush leaves nothing counted."""
+    small the bound, and whether reports are taken whole or a few entries at a time
+    (``limit``, as the connector does): the counters match a recount, every sample's CPU
+    is reported exactly once, and a forced flush leaves nothing counted."""
     state = CorrelatorState(max_bytes=max_bytes)
     stacks = _stacks(8)
     cpu_in = cpu_out = 0
@@ -138,10 +140,18 @@ def test_the_running_counts_match_a_recount_and_nothing_is_lost(
             cpu_in += sum(s.value for s in smp)
             state.add_samples(ProfileBatch(smp, stacks), now)
         else:
-            cpu_out += sum(a.cpu_ns for a in state.take_due(now).attributions)
+            cpu_out += sum(a.cpu_ns for a in state.take_due(now, limit=limit).attributions)
         assert state._items == _recount(state)
         assert state.bytes >= 0
-    cpu_out += sum(a.cpu_ns for a in state.take_due(now + 1e6, force=True).attributions)
+    end = now + 1e6
+    while True:
+        evicted = len(state._evicted)  # reported early already: not counted in ``limit``
+        rows = state.take_due(end, force=True, limit=limit).attributions
+        cpu_out += sum(a.cpu_ns for a in rows)
+        assert limit is None or len({(a.trace_id, a.span_id) for a in rows}) <= limit + evicted
+        if not state.has_due(end, force=True):
+            break
+    assert state.entries == 0
     assert cpu_out == cpu_in
     assert state._items == 0 and state.bytes == 0
 
