@@ -21,6 +21,7 @@ go through the very same client API, so what the tests prove on one holds on the
           enabled: false
           directory: queue             # under service.data_dir, one folder per exporter id
           max_mib: 1024                # beyond: refuse with a retryable error
+          memory_mib: 32               # of it also kept in memory; the rest read back from disk
 
 Rows ClickHouse refuses for their values (a number beyond its column, a time beyond 2106 in
 a ``DateTime``) are split out of their block and kept in the ``quarantine`` table; while
@@ -67,6 +68,8 @@ class QueueConfig(msgspec.Struct, forbid_unknown_fields=True):
     enabled: bool = False
     directory: str = "queue"  # relative to service.data_dir; the exporter's id is appended
     max_mib: PositiveInt = 1024
+    # what of it is also kept in memory (logged size; the columns take 1.5-5x that)
+    memory_mib: PositiveInt = 32
 
 
 class RetryConfig(msgspec.Struct, forbid_unknown_fields=True):
@@ -253,7 +256,7 @@ class ClickHouseExporter:
             self.queue = SendingQueue(
                 directory, q.max_mib << 20, self.cfg.batch_rows, float(self.cfg.flush_interval),
                 lambda t, n, st, tok: writer.submit(t, n, st, token=tok), self.log,
-                self._metric)
+                self._metric, memory_bytes=q.memory_mib << 20)
             try:
                 await self.queue.open(replay_timeout=min(
                     60.0, float(self.cfg.retry_on_failure.max_elapsed_time)))

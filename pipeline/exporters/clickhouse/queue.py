@@ -21,12 +21,15 @@ The log is a series of numbered segment files (``queue_log.py`` has their format
 segment (a torn write: it was never acknowledged). Segments are deleted oldest first once
 every record and group in them is done. ``max_mib`` bounds what is waiting: beyond it
 ``put`` refuses with a retryable error (explicit backpressure), as it does when the disk
-refuses a write.
+refuses a write. Only ``memory_mib`` of what waits is also kept in memory, as the columns
+it came as; the rest (a backlog while ClickHouse is slow or down, everything read back at
+start) is on disk only and read again when its group is inserted.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import time
 from collections.abc import Callable
@@ -43,30 +46,39 @@ from pipeline.exporters.clickhouse.queue_log import (
     QueueError,
     Record,
     Segment,
+    read_tables,
     record,
     segment_path,
 )
-from pipeline.exporters.clickhouse.queue_replay import read_back
+from pipeline.exporters.clickhouse.queue_replay import read_back, with_tenant
 from pipeline.exporters.clickhouse.rows import Columns, StackKey, extend
 
 SEGMENT_BYTES = 64 << 20
 MAX_RECORD_BYTES = 1 << 30
 MAX_GROUP_ROWS = 200_000  # rows per insert group (beyond, the next group takes the rest)
+# waiting batches kept in memory as columns (their logged size): beyond, on disk only. A
+# batch's columns take 1.5-5x its logged size in memory (traces 5x: a row's ints and
+# strings are Python objects), so a full queue of max_mib held in memory took gigabytes
+MEMORY_BYTES = 32 << 20
 
 
 class SendingQueue:
     def __init__(self, directory: str, max_bytes: int, batch_rows: int,
                  flush_interval: float,
                  submit: Callable[[dict[str, Columns], int, set[StackKey], str], Any],
-                 log: Any, metric: Callable[[str, int], None]) -> None:
+                 log: Any, metric: Callable[[str, int], None],
+                 memory_bytes: int = MEMORY_BYTES) -> None:
         self.directory = directory
         self.max_bytes = max_bytes
+        self.memory_bytes = memory_bytes
         self.batch_rows = batch_rows
         self.flush_interval = flush_interval
         self._submit = submit
         self.log = log
         self.metric = metric
         self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="queue-fsync")
+        # reads what is on disk only (not the fsync thread: an acknowledgement would wait)
+        self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="queue-read")
         self._records: dict[int, Record] = {}  # waiting, by sequence number (in order)
         self._groups: list[Group] = []  # logged, not done (from before a crash)
         self._group_of: dict[int, int] = {}  # seq -> gid, for logged groups
@@ -86,6 +98,7 @@ class SendingQueue:
         self._task: asyncio.Task[None] | None = None
         self.waiting_bytes = 0
         self.waiting_rows = 0
+        self.resident_bytes = 0  # logged size of the records whose tables are in memory
 
     def __repr__(self) -> str:
         return (f"<SendingQueue {self.directory} records={len(self._records)} "
@@ -133,6 +146,8 @@ class SendingQueue:
         if r is not None:
             self.waiting_bytes -= r.size
             self.waiting_rows -= r.rows
+            if r.tables is not None:
+                self.resident_bytes -= r.size
             self._segment(r.segment).pending -= 1
         self._group_of.pop(seq, None)
 
@@ -207,8 +222,16 @@ class SendingQueue:
             self.metric("queue_refused_rows", rows)
             raise Retryable(f"clickhouse sending queue: cannot write {self.directory}: "
                             f"{err}", retry_after=5.0) from err
+        del framed
         self._next_seq += 1
-        rec = Record(seq, tables, rows, stacks, token, size, self._segments[-1].number)
+        # beyond memory_mib the batch is on disk only, read again when its turn comes
+        keep = self.resident_bytes + size <= self.memory_bytes
+        rec = Record(seq, tables if keep else None, rows, stacks, token, size,
+                     self._segments[-1].number, self._offset - size)
+        if keep:
+            self.resident_bytes += size
+        else:
+            self.metric("queue_spilled_rows", rows)
         self._records[seq] = rec
         self._segments[-1].pending += 1
         self.waiting_bytes += size
@@ -282,13 +305,16 @@ class SendingQueue:
                 await asyncio.sleep(5.0)
                 continue
             recs = [self._records[s] for s in g.seqs]
+            if any(r.tables is None for r in recs):
+                recs = await self._read_back(g, recs)
             tables: dict[str, Columns] = {}
             for r in recs:
+                assert r.tables is not None  # noqa: S101 - read back just above
                 extend(tables, r.tables)
             rows = sum(r.rows for r in recs)
             stacks = set().union(*(r.stacks for r in recs))
             delay = 0.25
-            while True:
+            while recs:  # none: every record of the group was lost (``_read_back``)
                 try:
                     await self._submit(tables, rows, stacks, g.token)
                     break
@@ -323,6 +349,40 @@ class SendingQueue:
             self._delete_done_segments(keep_current=True)
             if not self._records:
                 self._emptied.set()
+
+    async def _read_back(self, g: Group, recs: list[Record]) -> list[Record]:
+        """The group's records with their tables, those on disk only read again (off the
+        event loop; held by the group alone, not the records, so that they go with it). A
+        record that cannot be read any more (its file gone or changed since it was
+        written) is logged as lost and left out, never retried forever."""
+        paths = {s.number: s.path for s in self._segments}
+
+        def read() -> list[Record | QueueError]:
+            out: list[Record | QueueError] = []
+            for r in recs:
+                if r.tables is not None:
+                    out.append(r)
+                    continue
+                try:
+                    tables = with_tenant(read_tables(paths[r.segment], r.offset, r.size))
+                except QueueError as err:
+                    out.append(err)
+                    continue
+                out.append(dataclasses.replace(r, tables=tables))
+            return out
+
+        got = await asyncio.get_running_loop().run_in_executor(self._reader, read)
+        kept: list[Record] = []
+        for r, x in zip(recs, got, strict=True):
+            if isinstance(x, Record):
+                kept.append(x)
+                continue
+            self.log.error("queue_record_lost", error=str(x), seq=r.seq, rows=r.rows,
+                           group=g.gid, directory=self.directory)
+            self.metric("queue_lost_rows", r.rows)
+            g.seqs.remove(r.seq)
+            self._forget(r.seq)
+        return kept
 
     def _delete_done_segments(self, keep_current: bool) -> None:
         while self._segments and self._segments[0].pending <= 0 and \
@@ -359,4 +419,5 @@ class SendingQueue:
             os.close(self._fd)
             self._fd = -1
         self._io.shutdown(wait=True)
+        self._reader.shutdown(wait=True)
 

@@ -19,7 +19,7 @@ import time
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 
@@ -58,34 +58,80 @@ def segment_path(directory: str, number: int) -> str:
 
 
 class Scan:
-    """The records of one segment's bytes, in order: ``(kind, payload, size)``; ``end`` is
-    where the good records end once iterated."""
+    """The records of one segment's bytes, in order: ``(kind, payload, size, offset)``; a
+    ``DATA`` record's payload without its tables (``DataHead``: they are read again when
+    they are inserted, ``read_tables``); ``end`` is where the good records end once
+    iterated."""
 
     def __init__(self, data: bytes) -> None:
         self.data = data
         self.end = 0
 
-    def __iter__(self) -> Iterator[tuple[int, Any, int]]:
+    def __iter__(self) -> Iterator[tuple[int, Any, int, int]]:
         data, at = self.data, 0
+        view = memoryview(data)
         while at + HEADER.size < len(data):
             length, crc = HEADER.unpack_from(data, at)
             end = at + HEADER.size + length
-            if length < 1 or end > len(data) or zlib.crc32(data[at + HEADER.size:end]) != crc:
+            body = view[at + HEADER.size:end]
+            if length < 1 or end > len(data) or zlib.crc32(body) != crc:
                 break
             kind = data[at + HEADER.size]
-            yield kind, _dec.decode(data[at + HEADER.size + 1:end]), end - at
+            if kind == DATA:
+                yield kind, DataHead(*_head.decode(body[1:])[:4]), end - at, at
+            else:
+                yield kind, _dec.decode(body[1:]), end - at, at
             at = self.end = end
+
+
+class DataHead(NamedTuple):
+    """A ``DATA`` record's payload but its tables."""
+
+    seq: int
+    token: str | None
+    rows: int
+    stacks: list[Any]
+
+
+# a DATA payload with its tables skipped, not decoded (msgspec.Raw: a view of the bytes)
+_head = msgspec.msgpack.Decoder(tuple[int, str | None, int, list[Any], msgspec.Raw])
+
+
+def read_tables(path: str, offset: int, size: int) -> dict[str, Columns]:
+    """The tables of the ``DATA`` record at ``offset`` of the segment at ``path`` (``size``
+    bytes, header included), read again from the disk; ``QueueError`` when they cannot be
+    (the file gone or changed under the queue)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            data = f.read(size)
+    except OSError as err:
+        raise QueueError(f"{path}: cannot read the record at byte {offset}: {err}") from err
+    if len(data) != size:
+        raise QueueError(f"{path}: the record at byte {offset} is cut short")
+    length, crc = HEADER.unpack_from(data, 0)
+    body = memoryview(data)[HEADER.size:]
+    if length != len(body) or zlib.crc32(body) != crc or body[0] != DATA:
+        raise QueueError(f"{path}: the record at byte {offset} does not check out")
+    try:
+        tables: dict[str, Columns] = _dec.decode(body[1:])[4]
+    except (msgspec.DecodeError, IndexError, TypeError) as err:
+        raise QueueError(f"{path}: the record at byte {offset} cannot be read: {err}") from err
+    return tables
 
 
 @dataclass
 class Record:
     seq: int
-    tables: dict[str, Columns]
+    # None: on disk only (beyond the queue's memory_mib, or read back at start), read
+    # again when the record is inserted (``read_tables``)
+    tables: dict[str, Columns] | None
     rows: int
     stacks: set[tuple[str, int]]  # (tenant, stack id): rows.StackKey
     token: str | None  # a Kafka block's own token: the record is a group of its own
     size: int
     segment: int  # the number of the segment it is in
+    offset: int = 0  # where in that segment (its header's first byte)
     at: float = field(default_factory=time.monotonic)
 
 

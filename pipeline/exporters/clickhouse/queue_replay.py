@@ -1,11 +1,11 @@
 """Reading the sending queue's log back at start (``queue.py``): what waits, and how.
 
 Every segment is scanned in order (``queue_log.Scan``). What comes out is the records not
-yet in ClickHouse, the groups logged before a crash that are not done (each to be
-inserted again as it was, under its token, with those of its records still waiting), each
-segment's count of what it holds that is not done, and the next free sequence and group
-numbers. A torn tail (a record the process died writing, never acknowledged) is reported
-and cut off.
+yet in ClickHouse (where each is in the log, not its tables: those are read when it is
+inserted), the groups logged before a crash that are not done (each to be inserted again
+as it was, under its token, with those of its records still waiting), each segment's count
+of what it holds that is not done, and the next free sequence and group numbers. A torn
+tail (a record the process died writing, never acknowledged) is reported and cut off.
 """
 
 from __future__ import annotations
@@ -49,8 +49,8 @@ def read_back(directory: str, log: Any) -> Replay:
             data = f.read()
         scan = Scan(data)
         try:
-            for kind, payload, size in scan:
-                _apply(out, kind, payload, seg, size, logged, done)
+            for kind, payload, size, offset in scan:
+                _apply(out, kind, payload, seg, size, offset, logged, done)
         except (msgspec.DecodeError, ValueError, TypeError, KeyError) as err:
             raise QueueError(f"{path}: record at byte {scan.end} cannot be read: "
                              f"{err}") from err
@@ -82,7 +82,7 @@ def _stack_keys(stacks: list[Any]) -> set[tuple[str, int]]:
             for s in stacks}
 
 
-def _with_tenant(tables: dict[str, Any]) -> dict[str, Any]:
+def with_tenant(tables: dict[str, Any]) -> dict[str, Any]:
     """Rows logged before tenants have no tenant column: the default tenant's, as migration
     11 made the rows already stored."""
     for cols in tables.values():
@@ -92,12 +92,14 @@ def _with_tenant(tables: dict[str, Any]) -> dict[str, Any]:
     return tables
 
 
-def _apply(out: Replay, kind: int, p: Any, seg: Segment, size: int,
+def _apply(out: Replay, kind: int, p: Any, seg: Segment, size: int, offset: int,
            logged: dict[int, Group], done: set[int]) -> None:
     if kind == DATA:
-        seq, token, rows, stacks, tables = p
-        out.records[seq] = Record(seq, _with_tenant(tables), rows, _stack_keys(stacks), token,
-                                  size, seg.number)
+        seq, token, rows, stacks = p
+        # its tables stay on disk until its turn comes (``queue.py``): a log of a
+        # gigabyte read back whole took several in memory
+        out.records[seq] = Record(seq, None, rows, _stack_keys(stacks), token, size,
+                                  seg.number, offset)
         seg.pending += 1
         out.next_seq = max(out.next_seq, seq + 1)
     elif kind == GROUP:

@@ -380,13 +380,13 @@ class TestQueueLoggedBeforeTenants:
     def test_a_record_logged_before_tenants_is_the_default_tenants(self) -> None:
         """A sending-queue record written before migration 11 (bare stack ids, rows with no
         tenant column) is replayed as the default tenant's; a new one as logged."""
-        from pipeline.exporters.clickhouse.queue_replay import _stack_keys, _with_tenant
+        from pipeline.exporters.clickhouse.queue_replay import _stack_keys, with_tenant
 
         assert _stack_keys([7, 8]) == {("default", 7), ("default", 8)}
         assert _stack_keys([["a", 7]]) == {("a", 7)}
-        old = _with_tenant({"profile_stacks": {"stack_id": [7, 8]}})
+        old = with_tenant({"profile_stacks": {"stack_id": [7, 8]}})
         assert old["profile_stacks"]["tenant"] == ["default", "default"]
-        new = _with_tenant({"profile_stacks": {"tenant": ["a"], "stack_id": [7]}})
+        new = with_tenant({"profile_stacks": {"tenant": ["a"], "stack_id": [7]}})
         assert new["profile_stacks"]["tenant"] == ["a"]
 
 

@@ -55,16 +55,22 @@ class Store:
 
 
 def batch(*vs: int) -> dict[str, Any]:
-    return {"t": {"v": list(vs)}}
+    return {"t": {"v": list(vs), "tenant": ["default"] * len(vs)}}
 
 
 OPENED: list[SendingQueue] = []
 
 
 def make(tmp: Path, store: Store, max_bytes: int = 1 << 30, batch_rows: int = 1_000,
-         flush_interval: float = 0.01) -> SendingQueue:
+         flush_interval: float = 0.01, memory_bytes: int = q.MEMORY_BYTES,
+         metrics: dict[str, int] | None = None) -> SendingQueue:
+    counts = metrics if metrics is not None else {}
+
+    def metric(name: str, n: int) -> None:
+        counts[name] = counts.get(name, 0) + n
+
     qu = SendingQueue(str(tmp / "queue"), max_bytes, batch_rows, flush_interval,
-                      store.submit, Log(), lambda name, n: None)
+                      store.submit, Log(), metric, memory_bytes=memory_bytes)
     OPENED.append(qu)
     return qu
 
@@ -250,3 +256,80 @@ class TestQueue:
         await qu.close(within=1)
         assert len(store.values()) == 200
         assert len(os.listdir(tmp_path / "queue")) <= 1
+
+
+class TestMemory:
+    """Only ``memory_mib`` of what waits is kept in memory; the rest is on disk only and
+    read again when its group is inserted, in order, each batch once."""
+
+    async def test_a_backlog_waits_on_disk(self, tmp_path: Path) -> None:
+        store = Store()
+        store.gate = asyncio.Event()
+        metrics: dict[str, int] = {}
+        qu = make(tmp_path, store, memory_bytes=300, batch_rows=10 ** 6, metrics=metrics)
+        await qu.open(replay_timeout=1)
+        await qu.put(batch(0), 1, set(), None)
+        await asyncio.wait_for(store.entered.wait(), 2)  # ClickHouse slow: a backlog builds
+        for v in range(1, 40):
+            await qu.put(batch(*range(v * 10, v * 10 + 10)), 10, {("default", v)}, None)
+        in_memory = [r for r in qu._records.values() if r.tables is not None]
+        assert qu.resident_bytes == sum(r.size for r in in_memory) <= 300
+        assert len(in_memory) < 10 < len(qu._records)
+        assert metrics["queue_spilled_rows"] == 10 * (40 - len(in_memory))
+        store.gate.set()
+        await asyncio.wait_for(qu.wait_empty(), 5)
+        assert store.values() == [0, *range(10, 400)]  # in order, each once
+        assert qu.resident_bytes == 0
+        await qu.close(within=1)
+
+    async def test_read_back_at_start_without_its_tables(self, tmp_path: Path) -> None:
+        """After a crash the log is read back as where each batch is, not its tables: a
+        log of a gigabyte read whole took several in memory."""
+        store = Store()
+        store.refuse = 10 ** 6
+        qu = make(tmp_path, store)
+        await qu.open(replay_timeout=1)
+        for v in range(5):
+            await qu.put(batch(v, v + 100), 2, set(), None)
+        crash(qu)
+        store.refuse = 0
+        store.gate = asyncio.Event()
+        again = make(tmp_path, store)
+        opening = asyncio.create_task(again.open(replay_timeout=5))
+        await asyncio.wait_for(store.entered.wait(), 2)
+        assert len(again._records) == 5
+        assert all(r.tables is None for r in again._records.values())
+        assert again.resident_bytes == 0
+        store.gate.set()
+        await asyncio.wait_for(opening, 5)
+        assert sorted(store.values()) == sorted([*range(5), *range(100, 105)])
+
+    async def test_a_batch_that_cannot_be_read_again_is_reported_not_retried(
+            self, tmp_path: Path) -> None:
+        """A batch on disk only whose bytes changed under the queue (a disk fault) is
+        logged as lost with its rows counted; the others of its group are inserted and the
+        queue goes on (retrying it forever would stop every batch behind it)."""
+        store = Store()
+        store.gate = asyncio.Event()
+        metrics: dict[str, int] = {}
+        qu = make(tmp_path, store, memory_bytes=1, batch_rows=10 ** 6, metrics=metrics)
+        await qu.open(replay_timeout=1)
+        await qu.put(batch(0), 1, set(), None)
+        await asyncio.wait_for(store.entered.wait(), 2)
+        for v in (1, 2, 3):
+            await qu.put(batch(v, v), 2, set(), None)
+        lost = qu._records[3]
+        assert lost.tables is None
+        seg = tmp_path / "queue" / f"{lost.segment:012d}.log"
+        data = bytearray(seg.read_bytes())
+        data[lost.offset + lost.size - 1] ^= 0xFF
+        seg.write_bytes(bytes(data))
+        store.gate.set()
+        await asyncio.wait_for(qu.wait_empty(), 5)
+        assert store.values() == [0, 1, 1, 3, 3]
+        assert metrics["queue_lost_rows"] == 2
+        assert [e for e, _ in qu.log.events if e == "queue_record_lost"] == ["queue_record_lost"]
+        await qu.put(batch(4), 1, set(), None)
+        await asyncio.wait_for(qu.wait_empty(), 5)
+        assert store.values()[-1] == 4
+        await qu.close(within=1)
