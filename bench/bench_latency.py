@@ -13,6 +13,7 @@ with the RSS per held span.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import signal
@@ -58,6 +59,12 @@ def metric(admin: str, name: str) -> int:
         text = resp.read().decode()
     m = re.search(rf"^{name}\{{[^}}]*\}} (\d+)$", text, re.M)
     return int(m.group(1)) if m else 0
+
+
+def queued_rows(admin: str) -> int:
+    """Rows the ClickHouse exporter's sending queue holds, logged and not inserted."""
+    return (metric(admin, "spanprof_exporter_queued_rows_total")
+            - metric(admin, "spanprof_exporter_queue_inserted_rows_total"))
 
 
 def loop_lag(admin: str) -> tuple[int, int, float]:
@@ -151,11 +158,26 @@ def main() -> None:
             lat: dict[str, list[float]] = {"traces": [], "profiles": []}
             failures: list[str] = []
             peak = [rss0]
-            done = threading.Event()
+            stop_peak = [0]  # the peak from SIGTERM to exit (the correlator's final report)
+            queue_peak = [0]  # rows in the sending queue, not inserted yet
+            done, stopping = threading.Event(), threading.Event()
 
             def watch() -> None:
-                while not done.wait(0.5):
-                    peak[0] = max(peak[0], rss_kib(proc.pid))
+                ticks = 0
+                while proc.poll() is None:
+                    time.sleep(0.5)
+                    try:
+                        rss = rss_kib(proc.pid)
+                    except OSError:
+                        return
+                    if stopping.is_set():
+                        stop_peak[0] = max(stop_peak[0], rss)
+                    elif not done.is_set():
+                        peak[0] = max(peak[0], rss)
+                        ticks += 1
+                        if ticks % 4 == 0:  # every 2 s: /metrics costs the pipeline CPU
+                            with contextlib.suppress(OSError):
+                                queue_peak[0] = max(queue_peak[0], queued_rows(admin))
 
             threading.Thread(target=watch, daemon=True).start()
             target = f"127.0.0.1:{ports['grpc']}"
@@ -176,6 +198,7 @@ def main() -> None:
             rss_end = rss_kib(proc.pid)
             done.set()
         finally:
+            stopping.set()
             proc.send_signal(signal.SIGTERM)
             try:
                 proc.wait(timeout=300)
@@ -194,7 +217,9 @@ def main() -> None:
     print(f"  event loop: {lag_late} of {lag_rounds} rounds late by over 50 ms, "
           f"worst {lag_max * 1000:.0f} ms")
     print(f"  RSS: start {rss0 / 1024:.0f} MiB, peak {peak[0] / 1024:.0f} MiB, "
-          f"end {rss_end / 1024:.0f} MiB")
+          f"end {rss_end / 1024:.0f} MiB; peak while stopping (SIGTERM: everything held "
+          f"reported) {stop_peak[0] / 1024:.0f} MiB")
+    print(f"  sending queue: at most {queue_peak[0]:,} rows waiting (sampled every 2 s)")
     print("  ClickHouse inserts, per table: inserts, rows, ms, ms/insert")
     for table, (n, rows, ms) in sorted(inserts.items(), key=lambda x: -x[1][2]):
         print(f"    {table:<18} {n:>6} {rows:>9} {ms:>8} {ms / max(n, 1):>8.1f}")
