@@ -263,7 +263,7 @@ class Placement(KnownSpans):
         own part (its inclusive CPU, the whole, is unchanged)."""
         cpu0, wall0, count0 = m.cpu_ns, m.wall_ns, m.count  # parts of the whole, not the rest
         lock0, alloc0 = m.lock_ns, m.alloc_bytes
-        maps0 = [dict(d or {}) for d in (m.self_cpu, m.self_wall, m.stack_cpu, m.stack_wall)]
+        cpu_map0, wall_map0 = dict(m.cpu), dict(m.wall or {})
         lock_fns0, alloc_fns0 = dict(m.self_lock or {}), dict(m.self_alloc or {})
         for sid, w in parts:
             cpu, wall, count = cpu0 * w // total, wall0 * w // total, count0 * w // total
@@ -282,14 +282,10 @@ class Placement(KnownSpans):
             c.wall_ns += wall
             m.count -= count
             c.count += count
-            _move(maps0[0], m.self_cpu, c.self_cpu, w, total)
-            _move(maps0[2], m.stack_cpu, c.stack_cpu, w, total)
-            if m.self_wall:  # wall time per function and stack, when the span has some
-                c.self_wall = c.self_wall if c.self_wall is not None else {}
-                _move(maps0[1], m.self_wall, c.self_wall, w, total)
-            if m.stack_wall:
-                c.stack_wall = c.stack_wall if c.stack_wall is not None else {}
-                _move(maps0[3], m.stack_wall, c.stack_wall, w, total)
+            _move(cpu_map0, m.cpu, c.cpu, w, total)  # per function and stack
+            if m.wall:  # wall time per function and stack, when the span has some
+                c.wall = c.wall if c.wall is not None else {}
+                _move(wall_map0, m.wall, c.wall, w, total)
             if lock or alloc:
                 m.lock_ns -= lock
                 c.lock_ns += lock

@@ -20,7 +20,7 @@ SPAN_BYTES = 460  # a known span: SpanInfo, trees, trace_of, emitted entries (+ 
 SLOT_BYTES = 40  # one second of a span in the time index (``slots``)
 ACC_BYTES = 250  # an accumulator (held span, orphan, late entry), without methods
 ITEM_BYTES = 40  # one function or stack entry of an accumulator
-METHOD_ITEMS = 19  # a method's entry in an accumulator (``M``), counted in items
+METHOD_ITEMS = 12  # a method's entry in an accumulator (``M``), counted in items
 SAMPLE_BYTES = 350  # a timed sample held for grace
 # what ``frames.Frames`` holds: a held sample's stack by id (the decoded list of its
 # functions, kept alive), a frame of it, an operation learnt, a frame it learnt (its entry
