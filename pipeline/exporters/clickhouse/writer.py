@@ -68,7 +68,7 @@ from pipeline.errors import Retryable
 from pipeline.exporters.clickhouse import faults, quarantine
 from pipeline.exporters.clickhouse.backend import ClickHouseClient
 from pipeline.exporters.clickhouse.generation import Generation
-from pipeline.exporters.clickhouse.rows import COLUMNS, Columns, StackKey
+from pipeline.exporters.clickhouse.rows import COLUMNS, Columns, StackKey, insert_columns
 from pipeline.exporters.clickhouse.split import Splitter
 
 # stacks first: a sample is never visible before the stack it references
@@ -321,7 +321,8 @@ class Writer:
         self._refuse_until = 0.0
 
     async def _insert(self, table: str, tok: str, cols: Columns) -> None:
-        names = quarantine.QUARANTINE_COLUMNS if table == quarantine.TABLE else COLUMNS[table]
+        names = (quarantine.QUARANTINE_COLUMNS if table == quarantine.TABLE
+                 else insert_columns(table, cols))
         data = [cols[c] for c in names]
         insert = functools.partial(
             self.client.insert, f"{self.database}.{table}", data,

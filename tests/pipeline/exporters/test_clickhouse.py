@@ -162,6 +162,40 @@ class TestExporterOnEmbeddedEngine:
             assert ch.query("SELECT function, self_cpu_ns FROM spanprof.span_functions"
                             ).result_rows == [("leaf", 10_000_000)]
 
+    async def test_events_and_links_stored_whether_an_insert_has_any(
+            self, tmp_path: Path) -> None:
+        """An insert whose spans have no events (or no links) leaves those nested columns
+        out (the driver's loop over them was 3-4 us a span) and the engine fills the same
+        empty arrays; an insert with some keeps every value, in its row."""
+        from pipeline.records import SpanEvent, SpanLink
+
+        trace_a, trace_b, t0 = bytes(range(1, 17)), bytes(range(2, 18)), 1_700_000_000 * 10**9
+        cfg = Config(endpoint=f"chdb://{tmp_path}/ch", flush_interval=0.05, ttl=0)
+        ex = ClickHouseExporter(cfg, Context("clickhouse", ["traces"], data_dir=str(tmp_path)))
+        await ex.start()
+
+        def span(n: int, **kw: Any) -> Span:
+            return Span(trace_a, n.to_bytes(8, "big"), b"", f"op{n}", 2, "api",
+                        t0, t0 + 1_000, **kw)
+
+        await ex.consume(SpanBatch([span(1), span(2)]))  # neither events nor links
+        await ex.consume(SpanBatch([  # events in one row, a link in another
+            span(3, events=[SpanEvent(t0 + 5, "retry", {"attempt": "2"})]),
+            span(4, links=[SpanLink(trace_b, b"\x07" * 8, "k=v", {"why": "fanout"})]),
+            span(5)]))
+        await ex.shutdown()
+        with clickhouse(tmp_path / "ch") as ch:
+            got = ch.query("SELECT SpanName, Events.Name, Events.Attributes, Links.TraceId, "
+                           "Links.TraceState, Links.Attributes FROM spanprof.otel_traces "
+                           "ORDER BY SpanName").result_rows
+        assert got == [
+            ("op1", [], [], [], [], []),
+            ("op2", [], [], [], [], []),
+            ("op3", ["retry"], [{"attempt": "2"}], [], [], []),
+            ("op4", [], [], [trace_b.hex()], ["k=v"], [{"why": "fanout"}]),
+            ("op5", [], [], [], [], []),
+        ]
+
     async def test_stacks_in_use_are_written_again_and_unused_ones_expire(
             self, tmp_path: Path) -> None:
         """A stack the exporter keeps seeing is written again once ``stack_refresh`` has

@@ -93,3 +93,19 @@ def test_slices_add_up_to_the_batch(attributions: list[Attribution], size: int) 
     for part in parts:
         rows.extend(whole, part)
     assert whole == rows.attributions(batch)
+
+
+def test_nested_groups_left_out_only_when_empty_in_every_row() -> None:
+    """An insert leaves out the events or links columns (all of a group) only when no row
+    has any: the engine then fills the same empty arrays."""
+    cols: dict[str, list[object]] = {c: [[]] * 3 for c in rows.COLUMNS["otel_traces"]}
+    names = rows.insert_columns("otel_traces", cols)
+    assert not [c for c in names if c.startswith(("Events.", "Links."))]
+    assert [c for c in rows.COLUMNS["otel_traces"] if c not in names] == [
+        c for c in rows.COLUMNS["otel_traces"] if c.startswith(("Events.", "Links."))]
+    cols["Events.Timestamp"] = [[], [1], []]
+    names = rows.insert_columns("otel_traces", cols)
+    assert [c for c in names if c.startswith("Events.")] == [
+        "Events.Timestamp", "Events.Name", "Events.Attributes"]
+    assert not [c for c in names if c.startswith("Links.")]
+    assert rows.insert_columns("span_functions", {}) == rows.COLUMNS["span_functions"]
