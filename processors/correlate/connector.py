@@ -198,9 +198,16 @@ class SpanCorrelator:
             nxt = self.ctx.next["attributions"]
             # a copy: a new tenant's state may come while a piece is sent
             for tenant, state in list(self.states.items()):
+                # at most what is held now: input that comes while pieces are sent (late
+                # samples of reported spans are due at once) waits for the next flush, so
+                # that a flush ends and every tenant gets its turn. Forced (stopping, no
+                # input taken any more): all of it, orphans made by placing held samples too
+                pieces = -(-(len(state.spans) + len(state.late) + len(state.orphans))
+                           // OUTBOX_CHUNK)
                 while True:
                     self._take(tenant, state, now, force, OUTBOX_CHUNK)
-                    if not state.has_due(now, force):
+                    pieces -= 1
+                    if (pieces <= 0 and not force) or not state.has_due(now, force):
                         break
                     if not await self._send(nxt):
                         if not force:

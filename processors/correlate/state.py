@@ -36,7 +36,6 @@ from __future__ import annotations
 import heapq
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from sys import intern
 
 import msgspec
 
@@ -64,6 +63,9 @@ class Stats:
     orphans_reported: int = 0
     late_reported: int = 0
     evicted: int = 0  # entries reported before their window: max_entries or max_bytes
+
+
+MAX_NAMES = 65_536  # operation names shared; beyond, the table starts again
 
 
 def _int_attr(v: str) -> int:
@@ -104,6 +106,7 @@ class CorrelatorState(Windows):
     _orphan_timed: int = 0  # timed samples held inside orphans
     _span_bytes: int = 0  # estimated size of the known spans (``_know`` / ``_forget``)
     _items: int = 0  # function and stack entries in the accumulators held
+    _names: dict[str, str] = field(default_factory=dict)  # operation names (``add_spans``)
 
     def __repr__(self) -> str:
         return (f"<CorrelatorState spans={len(self.spans)} orphans={len(self.orphans)} "
@@ -115,6 +118,7 @@ class CorrelatorState(Windows):
     def add_spans(self, spans: list[Span], now: float) -> None:
         adopted: list[Key] = []  # spans whose untimed samples came first
         ready_at = now + self.grace  # one float for the batch, not one per held span
+        names = self._names
         for s in spans:
             key = (s.trace_id, s.span_id)
             self.stats.spans_in += 1
@@ -124,9 +128,15 @@ class CorrelatorState(Windows):
             res, start = s.resource_attributes, s.start_ns
             thread = s.attributes.get("thread.id")
             pid = res.get("process.pid")
-            # the operation's name interned: held spans share it (a string each was 50-80 B
-            # of a held span's ~1 500, and names are few), freed with its last holder
-            info = SpanInfo(s.service, intern(s.name), s.parent_span_id, start,
+            # one string per operation name, shared by the held spans (a string each was
+            # 50-80 B of a held span's ~1 500, and names are few); a table of its own, not
+            # sys.intern: bounded, and freed by refcount whatever the Python version
+            name = names.get(s.name)
+            if name is None:
+                if len(names) >= MAX_NAMES:
+                    names.clear()
+                name = names[s.name] = s.name
+            info = SpanInfo(s.service, name, s.parent_span_id, start,
                             max(0, s.end_ns - start),  # Span.duration_ns, without the call
                             _int_attr(thread) if thread else 0,
                             _int_attr(pid) if pid else 0, res.get("host.name", ""))

@@ -456,6 +456,43 @@ class TestShutdown:
         assert await c.flush()
         assert fake.cpu_rows() == Counter({(sid(n), n, True): 1 for n in range(1, 51)})
 
+    async def test_input_during_the_pieces_waits_for_the_next_flush(
+            self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Late samples (due at once) arriving while each piece is sent do not keep a
+        flush going: it takes at most what was held when it began, returns, and every
+        tenant gets its turn."""
+        monkeypatch.setattr("processors.correlate.connector.OUTBOX_CHUNK", 10)
+        c, fake, clock = make(grace=1, max_entries=100_000)
+        for t in ("a", "b"):
+            await c.consume(msgspec.structs.replace(spans(*range(1, 31)), tenant=t))
+            await c.consume(msgspec.structs.replace(
+                samples(*((n, n) for n in range(1, 31))), tenant=t))
+        clock.t = 2
+        consume = fake.consume
+
+        async def busy(batch: Batch) -> None:
+            await consume(batch)
+            late = samples(*((n, 1) for n in range(1, 12)))  # more than a piece
+            await c.consume(msgspec.structs.replace(late, tenant="a"))
+
+        fake.consume = busy  # type: ignore[method-assign]
+        assert await asyncio.wait_for(c.flush(), timeout=5)
+        assert {b.tenant for b in fake.accepted} == {"a", "b"}
+
+    async def test_stopping_reports_the_orphans_that_placing_held_samples_makes(
+            self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Forced, a flush goes on past what was held when it began: timed samples whose
+        span never came become orphans when placed, and are reported too."""
+        monkeypatch.setattr("processors.correlate.connector.OUTBOX_CHUNK", 10)
+        c, fake, _ = make(grace=1_000, orphan_timeout=1_000)
+        timed = [Sample(TRACE, sid(n), "api", 1_000, 1, "cpu", 7, 1, "cpu", "nanoseconds",
+                        timed=True) for n in range(100, 135)]
+        await c.consume(ProfileBatch(timed, {1: Stack(1, ["leaf"], ["a.py"], [1])}))
+        await feed(c, 1)
+        await asyncio.wait_for(c.shutdown(), timeout=5)
+        assert sum(a.cpu_ns for b in fake.accepted for a in b.attributions) == 35 * 7 + 1
+        assert c.state.entries == 0
+
 
 class TestBackgroundFlush:
     async def test_flusher_sends_due_rows(self) -> None:
