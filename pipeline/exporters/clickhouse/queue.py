@@ -283,6 +283,7 @@ class SendingQueue:
         return g
 
     async def _drain(self) -> None:
+        read_delay = 0.125
         while True:
             if not self._due():
                 if self._closing and not self._records:
@@ -306,7 +307,20 @@ class SendingQueue:
                 continue
             recs = [self._records[s] for s in g.seqs]
             if any(r.tables is None for r in recs):
-                recs = await self._read_back(g, recs)
+                try:
+                    recs = await self._read_back(g, recs)
+                except Exception as err:
+                    # the disk failing for now (EMFILE, EIO...), or anything else: logged
+                    # and tried again, never the drainer's end
+                    self.log.error("queue_read_failed", error=str(err)[:300], group=g.gid,
+                                   directory=self.directory)
+                    read_delay = min(30.0, read_delay * 2)
+                    if self._closing and self._give_up_at is not None and \
+                            time.monotonic() + read_delay >= self._give_up_at:
+                        return  # left in the log: inserted at the next start
+                    await asyncio.sleep(read_delay)
+                    continue
+                read_delay = 0.125
             tables: dict[str, Columns] = {}
             for r in recs:
                 assert r.tables is not None  # noqa: S101 - read back just above
@@ -354,7 +368,8 @@ class SendingQueue:
         """The group's records with their tables, those on disk only read again (off the
         event loop; held by the group alone, not the records, so that they go with it). A
         record that cannot be read any more (its file gone or changed since it was
-        written) is logged as lost and left out, never retried forever."""
+        written) is logged as lost and left out, never retried forever; the disk failing
+        to read (``OSError``) is raised, for the group to be tried again."""
         paths = {s.number: s.path for s in self._segments}
 
         def read() -> list[Record | QueueError]:
@@ -364,7 +379,10 @@ class SendingQueue:
                     out.append(r)
                     continue
                 try:
-                    tables = with_tenant(read_tables(paths[r.segment], r.offset, r.size))
+                    path = paths.get(r.segment)
+                    if path is None:
+                        raise QueueError(f"segment {r.segment} is gone")
+                    tables = with_tenant(read_tables(path, r.offset, r.size, r.seq))
                 except QueueError as err:
                     out.append(err)
                     continue
@@ -419,5 +437,6 @@ class SendingQueue:
             os.close(self._fd)
             self._fd = -1
         self._io.shutdown(wait=True)
-        self._reader.shutdown(wait=True)
+        # a read of a group cut short by the cancel above ends on its own
+        self._reader.shutdown(wait=False, cancel_futures=True)
 

@@ -97,16 +97,14 @@ class DataHead(NamedTuple):
 _head = msgspec.msgpack.Decoder(tuple[int, str | None, int, list[Any], msgspec.Raw])
 
 
-def read_tables(path: str, offset: int, size: int) -> dict[str, Columns]:
-    """The tables of the ``DATA`` record at ``offset`` of the segment at ``path`` (``size``
-    bytes, header included), read again from the disk; ``QueueError`` when they cannot be
-    (the file gone or changed under the queue)."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            data = f.read(size)
-    except OSError as err:
-        raise QueueError(f"{path}: cannot read the record at byte {offset}: {err}") from err
+def read_tables(path: str, offset: int, size: int, seq: int) -> dict[str, Columns]:
+    """The tables of batch ``seq``, the ``DATA`` record at ``offset`` of the segment at
+    ``path`` (``size`` bytes, header included), read again from the disk. ``QueueError``
+    when what is there is not that record (the file changed under the queue: the batch is
+    lost); ``OSError`` as raised when the disk cannot be read now (to try again)."""
+    with open(path, "rb") as f:
+        f.seek(offset)
+        data = f.read(size)
     if len(data) != size:
         raise QueueError(f"{path}: the record at byte {offset} is cut short")
     length, crc = HEADER.unpack_from(data, 0)
@@ -114,9 +112,12 @@ def read_tables(path: str, offset: int, size: int) -> dict[str, Columns]:
     if length != len(body) or zlib.crc32(body) != crc or body[0] != DATA:
         raise QueueError(f"{path}: the record at byte {offset} does not check out")
     try:
-        tables: dict[str, Columns] = _dec.decode(body[1:])[4]
-    except (msgspec.DecodeError, IndexError, TypeError) as err:
+        payload = _dec.decode(body[1:])
+        got, tables = payload[0], payload[4]
+    except (msgspec.DecodeError, IndexError, KeyError, TypeError) as err:
         raise QueueError(f"{path}: the record at byte {offset} cannot be read: {err}") from err
+    if got != seq or not isinstance(tables, dict):
+        raise QueueError(f"{path}: the record at byte {offset} is batch {got}, not {seq}")
     return tables
 
 

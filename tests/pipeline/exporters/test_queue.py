@@ -5,6 +5,7 @@ under the same token), torn tails ignored, bounded, disk errors refused as retry
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 from pathlib import Path
 from typing import Any
@@ -332,4 +333,63 @@ class TestMemory:
         await qu.put(batch(4), 1, set(), None)
         await asyncio.wait_for(qu.wait_empty(), 5)
         assert store.values()[-1] == 4
+        await qu.close(within=1)
+
+    @pytest.mark.parametrize("fault", [OSError(errno.EMFILE, "Too many open files"),
+                                       MemoryError()], ids=["emfile", "memory"])
+    async def test_a_read_that_fails_for_now_is_tried_again(
+            self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+            fault: BaseException) -> None:
+        """The disk failing to read a batch back for now (or anything else raised there)
+        is logged and tried again: the batch is inserted once, nothing counted lost, and
+        the drainer goes on."""
+        store = Store()
+        store.gate = asyncio.Event()
+        metrics: dict[str, int] = {}
+        qu = make(tmp_path, store, memory_bytes=1, batch_rows=10 ** 6, metrics=metrics)
+        await qu.open(replay_timeout=1)
+        await qu.put(batch(0), 1, set(), None)
+        await asyncio.wait_for(store.entered.wait(), 2)
+        await qu.put(batch(1, 1), 2, set(), None)
+        assert qu._records[2].tables is None
+        real = q.read_tables
+        fails = [2]
+
+        def flaky(*args: Any) -> Any:
+            if fails[0]:
+                fails[0] -= 1
+                raise fault
+            return real(*args)
+
+        monkeypatch.setattr(q, "read_tables", flaky)
+        store.gate.set()
+        await asyncio.wait_for(qu.wait_empty(), 5)
+        assert store.values() == [0, 1, 1]
+        assert "queue_lost_rows" not in metrics
+        assert [e for e, _ in qu.log.events if e == "queue_read_failed"] == \
+            ["queue_read_failed"] * 2
+        await qu.close(within=1)
+
+    async def test_another_batch_in_its_place_is_not_taken_for_it(self, tmp_path: Path) -> None:
+        """A record that checks out but is another batch (the file changed under the queue)
+        is not inserted in place of the one asked for: that one is reported lost."""
+        store = Store()
+        store.gate = asyncio.Event()
+        metrics: dict[str, int] = {}
+        qu = make(tmp_path, store, memory_bytes=1, batch_rows=10 ** 6, metrics=metrics)
+        await qu.open(replay_timeout=1)
+        await qu.put(batch(0), 1, set(), None)
+        await asyncio.wait_for(store.entered.wait(), 2)
+        await qu.put(batch(5), 1, set(), None)
+        await qu.put(batch(6), 1, set(), None)
+        a, b = qu._records[2], qu._records[3]
+        assert a.size == b.size and a.segment == b.segment
+        seg = tmp_path / "queue" / f"{a.segment:012d}.log"
+        data = bytearray(seg.read_bytes())
+        data[a.offset:a.offset + a.size] = data[b.offset:b.offset + b.size]
+        seg.write_bytes(bytes(data))
+        store.gate.set()
+        await asyncio.wait_for(qu.wait_empty(), 5)
+        assert store.values() == [0, 6]
+        assert metrics["queue_lost_rows"] == 1
         await qu.close(within=1)
