@@ -29,7 +29,6 @@ start) is on disk only and read again when its group is inserted.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import os
 import time
 from collections.abc import Callable
@@ -46,11 +45,10 @@ from pipeline.exporters.clickhouse.queue_log import (
     QueueError,
     Record,
     Segment,
-    read_tables,
     record,
     segment_path,
 )
-from pipeline.exporters.clickhouse.queue_replay import read_back, with_tenant
+from pipeline.exporters.clickhouse.queue_replay import read_back, with_tables
 from pipeline.exporters.clickhouse.rows import Columns, StackKey, extend
 
 SEGMENT_BYTES = 64 << 20
@@ -371,25 +369,8 @@ class SendingQueue:
         written) is logged as lost and left out, never retried forever; the disk failing
         to read (``OSError``) is raised, for the group to be tried again."""
         paths = {s.number: s.path for s in self._segments}
-
-        def read() -> list[Record | QueueError]:
-            out: list[Record | QueueError] = []
-            for r in recs:
-                if r.tables is not None:
-                    out.append(r)
-                    continue
-                try:
-                    path = paths.get(r.segment)
-                    if path is None:
-                        raise QueueError(f"segment {r.segment} is gone")
-                    tables = with_tenant(read_tables(path, r.offset, r.size, r.seq))
-                except QueueError as err:
-                    out.append(err)
-                    continue
-                out.append(dataclasses.replace(r, tables=tables))
-            return out
-
-        got = await asyncio.get_running_loop().run_in_executor(self._reader, read)
+        got = await asyncio.get_running_loop().run_in_executor(
+            self._reader, with_tables, recs, paths)
         kept: list[Record] = []
         for r, x in zip(recs, got, strict=True):
             if isinstance(x, Record):

@@ -10,6 +10,7 @@ tail (a record the process died writing, never acknowledged) is reported and cut
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +25,7 @@ from pipeline.exporters.clickhouse.queue_log import (
     Record,
     Scan,
     Segment,
+    read_tables,
     segments,
 )
 from pipeline.records import DEFAULT_TENANT
@@ -72,6 +74,28 @@ def read_back(directory: str, log: Any) -> Replay:
         if seqs:
             out.groups.append(Group(g.gid, seqs, g.token, g.segment))
             by_number[g.segment].pending += 1
+    return out
+
+
+def with_tables(recs: list[Record], paths: dict[int, str]) -> list[Record | QueueError]:
+    """``recs`` with their tables, those on disk only (``Record.tables`` None) read from
+    their segment (``paths``: by number) as copies; in place of a record that is not
+    there any more (its segment gone, or something else at its place), the error. The
+    disk failing to read (``OSError``) is raised."""
+    out: list[Record | QueueError] = []
+    for r in recs:
+        if r.tables is not None:
+            out.append(r)
+            continue
+        try:
+            path = paths.get(r.segment)
+            if path is None:
+                raise QueueError(f"segment {r.segment} is gone")
+            tables = with_tenant(read_tables(path, r.offset, r.size, r.seq))
+        except QueueError as err:
+            out.append(err)
+            continue
+        out.append(dataclasses.replace(r, tables=tables))
     return out
 
 

@@ -14,6 +14,7 @@ import pytest
 
 from pipeline.errors import Retryable
 from pipeline.exporters.clickhouse import queue as q
+from pipeline.exporters.clickhouse import queue_replay
 from pipeline.exporters.clickhouse.queue import SendingQueue
 
 
@@ -352,7 +353,7 @@ class TestMemory:
         await asyncio.wait_for(store.entered.wait(), 2)
         await qu.put(batch(1, 1), 2, set(), None)
         assert qu._records[2].tables is None
-        real = q.read_tables
+        real = queue_replay.read_tables
         fails = [2]
 
         def flaky(*args: Any) -> Any:
@@ -361,7 +362,7 @@ class TestMemory:
                 raise fault
             return real(*args)
 
-        monkeypatch.setattr(q, "read_tables", flaky)
+        monkeypatch.setattr(queue_replay, "read_tables", flaky)
         store.gate.set()
         await asyncio.wait_for(qu.wait_empty(), 5)
         assert store.values() == [0, 1, 1]
