@@ -303,6 +303,9 @@ class SendingQueue:
                 self.log.error("queue_write_failed", error=str(err), directory=self.directory)
                 await asyncio.sleep(5.0)
                 continue
+            # a batch whose fsync failed was forgotten (its sender told to retry) even if
+            # this group named it meanwhile
+            g.seqs = [s for s in g.seqs if s in self._records]
             recs = [self._records[s] for s in g.seqs]
             if any(r.tables is None for r in recs):
                 try:
