@@ -61,11 +61,24 @@ class Scan:
     """The records of one segment's bytes, in order: ``(kind, payload, size, offset)``; a
     ``DATA`` record's payload without its tables (``DataHead``: they are read again when
     they are inserted, ``read_tables``); ``end`` is where the good records end once
-    iterated."""
+    iterated. A record that does not check out but is followed by one that does was
+    damaged after it was written (a torn write is always the last): it is skipped and
+    noted in ``damaged`` (offset, size), and the records after it are read."""
 
     def __init__(self, data: bytes) -> None:
         self.data = data
         self.end = 0
+        self.damaged: list[tuple[int, int]] = []
+
+    def _good(self, at: int) -> bool:
+        """Whether a record that checks out starts at ``at``."""
+        data = self.data
+        if at + HEADER.size >= len(data):
+            return False
+        length, crc = HEADER.unpack_from(data, at)
+        end = at + HEADER.size + length
+        return bool(length >= 1 and end <= len(data) and zlib.crc32(
+            memoryview(data)[at + HEADER.size:end]) == crc)
 
     def __iter__(self) -> Iterator[tuple[int, Any, int, int]]:
         data, at = self.data, 0
@@ -74,8 +87,14 @@ class Scan:
             length, crc = HEADER.unpack_from(data, at)
             end = at + HEADER.size + length
             body = view[at + HEADER.size:end]
-            if length < 1 or end > len(data) or zlib.crc32(body) != crc:
+            if length < 1 or end > len(data):
                 break
+            if zlib.crc32(body) != crc:
+                if not self._good(end):
+                    break
+                self.damaged.append((at, end - at))
+                at = self.end = end
+                continue
             kind = data[at + HEADER.size]
             if kind == DATA:
                 yield kind, DataHead(*_head.decode(body[1:])[:4]), end - at, at

@@ -5,7 +5,9 @@ yet in ClickHouse (where each is in the log, not its tables: those are read when
 inserted), the groups logged before a crash that are not done (each to be inserted again
 as it was, under its token, with those of its records still waiting), each segment's count
 of what it holds that is not done, and the next free sequence and group numbers. A torn
-tail (a record the process died writing, never acknowledged) is reported and cut off.
+tail (a record the process died writing, never acknowledged) is reported and cut off; a
+record damaged since it was written, with good ones after it, is reported lost and the
+ones after it are read.
 """
 
 from __future__ import annotations
@@ -56,6 +58,10 @@ def read_back(directory: str, log: Any) -> Replay:
         except (msgspec.DecodeError, ValueError, TypeError, KeyError) as err:
             raise QueueError(f"{path}: record at byte {scan.end} cannot be read: "
                              f"{err}") from err
+        for offset, size in scan.damaged:
+            # acknowledged, and lost: which batch it was cannot be read either (a group
+            # naming it goes without it)
+            log.error("queue_record_damaged", segment=path, offset=offset, bytes=size)
         at = scan.end
         if at != len(data):
             log.warning("queue_torn_tail", segment=path, offset=at,

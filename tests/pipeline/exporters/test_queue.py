@@ -394,3 +394,28 @@ class TestMemory:
         assert store.values() == [0, 6]
         assert metrics["queue_lost_rows"] == 1
         await qu.close(within=1)
+
+    async def test_a_damaged_record_at_start_loses_only_itself(self, tmp_path: Path) -> None:
+        """A record damaged on disk, with good records after it, is not a torn tail: the
+        next start reports it lost and inserts the acknowledged records after it (they
+        were cut off with it before)."""
+        store = Store()
+        store.refuse = 10 ** 6
+        qu = make(tmp_path, store, batch_rows=10 ** 6, flush_interval=3600)
+        await qu.open(replay_timeout=1)
+        for v in (1, 2, 3):
+            await qu.put(batch(v), 1, set(), None)
+        bad = qu._records[1]
+        seg = tmp_path / "queue" / f"{bad.segment:012d}.log"
+        data = bytearray(seg.read_bytes())
+        data[bad.offset + bad.size - 1] ^= 0xFF
+        seg.write_bytes(bytes(data))
+        crash(qu)
+        store.refuse = 0
+        again = make(tmp_path, store)
+        await again.open(replay_timeout=2)
+        assert sorted(store.values()) == [2, 3]
+        assert [kw["offset"] for e, kw in again.log.events
+                if e == "queue_record_damaged"] == [bad.offset]
+        assert not [e for e, _ in again.log.events if e == "queue_torn_tail"]
+        await again.close(within=1)
