@@ -54,6 +54,7 @@ from pipeline.exporters.clickhouse.rows import Columns, StackKey, extend
 SEGMENT_BYTES = 64 << 20
 MAX_RECORD_BYTES = 1 << 30
 MAX_GROUP_ROWS = 200_000  # rows per insert group (beyond, the next group takes the rest)
+READ_TRIES = 8  # a group's read back failing this often (backing off to 30 s): given up
 # waiting batches kept in memory as columns (their logged size): beyond, on disk only. A
 # batch's columns take 1.5-5x its logged size in memory (traces 5x: a row's ints and
 # strings are Python objects), so a full queue of max_mib held in memory took gigabytes
@@ -281,7 +282,7 @@ class SendingQueue:
         return g
 
     async def _drain(self) -> None:
-        read_delay = 0.125
+        read_delay, read_failures = 0.125, 0
         while True:
             if not self._due():
                 if self._closing and not self._records:
@@ -309,19 +310,25 @@ class SendingQueue:
             recs = [self._records[s] for s in g.seqs]
             if any(r.tables is None for r in recs):
                 try:
-                    recs = await self._read_back(g, recs)
+                    # after READ_TRIES failures in a row the disk is not failing for now:
+                    # what still cannot be read is lost, not a wedge of every batch behind
+                    recs = await self._read_back(g, recs, final=read_failures >= READ_TRIES)
                 except Exception as err:
                     # the disk failing for now (EMFILE, EIO...), or anything else: logged
                     # and tried again, never the drainer's end
                     self.log.error("queue_read_failed", error=str(err)[:300], group=g.gid,
                                    directory=self.directory)
+                    read_failures += 1
                     read_delay = min(30.0, read_delay * 2)
                     if self._closing and self._give_up_at is not None and \
                             time.monotonic() + read_delay >= self._give_up_at:
                         return  # left in the log: inserted at the next start
-                    await asyncio.sleep(read_delay)
+                    try:  # close() cuts the wait short
+                        await asyncio.wait_for(self._close_ev.wait(), timeout=read_delay)
+                    except TimeoutError:
+                        pass
                     continue
-                read_delay = 0.125
+                read_delay, read_failures = 0.125, 0
             tables: dict[str, Columns] = {}
             for r in recs:
                 assert r.tables is not None  # noqa: S101 - read back just above
@@ -365,7 +372,7 @@ class SendingQueue:
             if not self._records:
                 self._emptied.set()
 
-    async def _read_back(self, g: Group, recs: list[Record]) -> list[Record]:
+    async def _read_back(self, g: Group, recs: list[Record], final: bool) -> list[Record]:
         """The group's records with their tables, those on disk only read again (off the
         event loop; held by the group alone, not the records, so that they go with it). A
         record that cannot be read any more (its file gone or changed since it was
@@ -373,7 +380,7 @@ class SendingQueue:
         to read (``OSError``) is raised, for the group to be tried again."""
         paths = {s.number: s.path for s in self._segments}
         got = await asyncio.get_running_loop().run_in_executor(
-            self._reader, with_tables, recs, paths)
+            self._reader, with_tables, recs, paths, final)
         kept: list[Record] = []
         for r, x in zip(recs, got, strict=True):
             if isinstance(x, Record):

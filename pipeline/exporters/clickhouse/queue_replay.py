@@ -83,11 +83,13 @@ def read_back(directory: str, log: Any) -> Replay:
     return out
 
 
-def with_tables(recs: list[Record], paths: dict[int, str]) -> list[Record | QueueError]:
+def with_tables(recs: list[Record], paths: dict[int, str],
+                final: bool = False) -> list[Record | QueueError]:
     """``recs`` with their tables, those on disk only (``Record.tables`` None) read from
     their segment (``paths``: by number) as copies; in place of a record that is not
-    there any more (its segment gone, or something else at its place), the error. The
-    disk failing to read (``OSError``) is raised."""
+    there any more (its segment or its file gone, or something else at its place), the
+    error. The disk failing to read (another ``OSError``), or anything else, is raised,
+    unless ``final``: then it too is that record's error."""
     out: list[Record | QueueError] = []
     for r in recs:
         if r.tables is not None:
@@ -100,6 +102,14 @@ def with_tables(recs: list[Record], paths: dict[int, str]) -> list[Record | Queu
             tables = with_tenant(read_tables(path, r.offset, r.size, r.seq))
         except QueueError as err:
             out.append(err)
+            continue
+        except (FileNotFoundError, NotADirectoryError) as err:
+            out.append(QueueError(str(err)))
+            continue
+        except Exception as err:
+            if not final:
+                raise
+            out.append(QueueError(f"{type(err).__name__}: {err}"))
             continue
         out.append(dataclasses.replace(r, tables=tables))
     return out

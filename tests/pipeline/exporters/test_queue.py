@@ -419,3 +419,58 @@ class TestMemory:
                 if e == "queue_record_damaged"] == [bad.offset]
         assert not [e for e, _ in again.log.events if e == "queue_torn_tail"]
         await again.close(within=1)
+
+    async def test_a_file_gone_is_lost_not_a_wedge(self, tmp_path: Path) -> None:
+        """A segment file deleted under the queue: its batches are reported lost and the
+        batches behind them inserted (retrying it for ever stopped the queue)."""
+        store = Store()
+        store.gate = asyncio.Event()
+        metrics: dict[str, int] = {}
+        qu = make(tmp_path, store, memory_bytes=1, batch_rows=10 ** 6, metrics=metrics)
+        await qu.open(replay_timeout=1)
+        await qu.put(batch(0), 1, set(), None)
+        await asyncio.wait_for(store.entered.wait(), 2)
+        qu._new_segment()  # the next batches in a file of their own
+        await qu.put(batch(1), 1, set(), None)
+        await qu.put(batch(2), 1, set(), None)
+        os.unlink(tmp_path / "queue" / f"{qu._records[2].segment:012d}.log")
+        store.gate.set()
+        await asyncio.wait_for(qu.wait_empty(), 5)
+        assert store.values() == [0]
+        assert metrics["queue_lost_rows"] == 2
+        qu._new_segment()  # (the file written to was the one deleted)
+        await qu.put(batch(3), 1, set(), None)
+        await asyncio.wait_for(qu.wait_empty(), 5)
+        assert store.values() == [0, 3]
+        await qu.close(within=1)
+
+    async def test_a_read_that_keeps_failing_is_given_up(
+            self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        """A batch whose read fails every time (a bad sector: EIO) is retried READ_TRIES
+        times, then reported lost; the batches behind it go in."""
+        monkeypatch.setattr(q, "READ_TRIES", 2)
+        store = Store()
+        store.gate = asyncio.Event()
+        metrics: dict[str, int] = {}
+        qu = make(tmp_path, store, memory_bytes=1, batch_rows=10 ** 6, metrics=metrics)
+        await qu.open(replay_timeout=1)
+        await qu.put(batch(0), 1, set(), None)
+        await asyncio.wait_for(store.entered.wait(), 2)
+        await qu.put(batch(1, 1), 2, set(), None)
+        real = queue_replay.read_tables
+
+        def bad_sector(path: str, offset: int, size: int, seq: int) -> Any:
+            if seq == 2:
+                raise OSError(errno.EIO, "Input/output error")
+            return real(path, offset, size, seq)
+
+        monkeypatch.setattr(queue_replay, "read_tables", bad_sector)
+        store.gate.set()
+        await asyncio.wait_for(qu.wait_empty(), 5)
+        assert store.values() == [0]
+        assert metrics["queue_lost_rows"] == 2
+        assert [e for e, _ in qu.log.events].count("queue_read_failed") == 2
+        await qu.put(batch(3), 1, set(), None)
+        await asyncio.wait_for(qu.wait_empty(), 5)
+        assert store.values() == [0, 3]
+        await qu.close(within=1)
