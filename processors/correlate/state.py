@@ -65,7 +65,10 @@ class Stats:
     evicted: int = 0  # entries reported before their window: max_entries or max_bytes
 
 
-MAX_NAMES = 65_536  # operation names shared; beyond, the table starts again
+# operation names shared (at most this many, of at most this length: a few MiB); beyond,
+# the table starts again. Held only while spans hold them, but not in ``bytes``
+MAX_NAMES = 32_768
+MAX_NAME_CHARS = 128
 
 
 def _int_attr(v: str) -> int:
@@ -133,9 +136,11 @@ class CorrelatorState(Windows):
             # sys.intern: bounded, and freed by refcount whatever the Python version
             name = names.get(s.name)
             if name is None:
-                if len(names) >= MAX_NAMES:
-                    names.clear()
-                name = names[s.name] = s.name
+                name = s.name
+                if len(name) <= MAX_NAME_CHARS:  # a long one (SQL text...) stays its own
+                    if len(names) >= MAX_NAMES:
+                        names.clear()
+                    names[name] = name
             info = SpanInfo(s.service, name, s.parent_span_id, start,
                             max(0, s.end_ns - start),  # Span.duration_ns, without the call
                             _int_attr(thread) if thread else 0,

@@ -175,3 +175,26 @@ def test_the_bound_holds_and_evicted_cpu_is_reported_not_dropped() -> None:
     assert state.stats.evicted > 0
     cpu_out += sum(a.cpu_ns for a in state.take_due(1e9, force=True).attributions)
     assert cpu_out == cpu_in
+
+
+def test_the_shared_names_stay_small_whatever_the_spans_are_called() -> None:
+    """Operation names are shared through a table of the state's own: long ones (SQL text,
+    URLs with ids) are not put in it, and it holds a bounded number, so what it keeps
+    after the spans are gone is a few MiB at most."""
+    from processors.correlate.state import MAX_NAME_CHARS, MAX_NAMES
+
+    st = CorrelatorState(grace=0.0, late_window=0.0)
+    spans = [Span(_tid(i), _sid(i), b"", f"SELECT {i} " + "x" * 10_000, 0, "svc", 1, 2)
+             for i in range(1, 501)]
+    st.add_spans(spans, now=0.0)
+    st.take_due(now=1.0, force=True)
+    assert st.bytes == 0 and not st.spans and not st.emitted
+    assert not st._names  # long names are each span's own, gone with it
+    st.add_spans([Span(_tid(i), _sid(i), b"", f"GET /items/{i}", 0, "svc", 1, 2)
+                  for i in range(1_000, 1_000 + MAX_NAMES + 10)], now=2.0)
+    assert len(st._names) <= MAX_NAMES
+    assert all(len(n) <= MAX_NAME_CHARS for n in st._names)
+    st.add_spans([Span(_tid(i), _sid(i), b"", "".join(["GET ", "/health"]), 0, "svc", 1, 2)
+                  for i in (90_001, 90_002)], now=3.0)
+    a, b = (st.spans[(_tid(i), _sid(i))].info.name for i in (90_001, 90_002))
+    assert a == b == "GET /health" and a is b  # two strings decoded, one held
