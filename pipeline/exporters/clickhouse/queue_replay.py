@@ -46,6 +46,8 @@ def read_back(directory: str, log: Any) -> Replay:
     out = Replay()
     logged: dict[int, Group] = {}
     done: set[int] = set()
+    group_at: dict[int, tuple[int, int]] = {}  # where each GROUP record is (segment, byte)
+    damaged_at: list[tuple[int, int]] = []
     for number, path in segments(directory):
         seg = Segment(number, path)
         out.segments.append(seg)
@@ -55,6 +57,8 @@ def read_back(directory: str, log: Any) -> Replay:
         try:
             for kind, payload, size, offset in scan:
                 _apply(out, kind, payload, seg, size, offset, logged, done)
+                if kind == GROUP:
+                    group_at[payload[0]] = (number, offset)
         except (msgspec.DecodeError, ValueError, TypeError, KeyError) as err:
             raise QueueError(f"{path}: record at byte {scan.end} cannot be read: "
                              f"{err}") from err
@@ -62,6 +66,7 @@ def read_back(directory: str, log: Any) -> Replay:
             # acknowledged, and lost: which batch it was cannot be read either (a group
             # naming it goes without it)
             log.error("queue_record_damaged", segment=path, offset=offset, bytes=size)
+            damaged_at.append((number, offset))
         at = scan.end
         if at != len(data):
             log.warning("queue_torn_tail", segment=path, offset=at,
@@ -69,6 +74,7 @@ def read_back(directory: str, log: Any) -> Replay:
             with open(path, "r+b") as f:
                 f.truncate(at)
     by_number = {s.number: s for s in out.segments}
+    _done_without_group(out, done, logged, group_at, damaged_at, by_number, log)
     for gid in done:
         g = logged.pop(gid, None)
         if g is not None:
@@ -81,6 +87,32 @@ def read_back(directory: str, log: Any) -> Replay:
             out.groups.append(Group(g.gid, seqs, g.token, g.segment))
             by_number[g.segment].pending += 1
     return out
+
+
+def _done_without_group(out: Replay, done: set[int], logged: dict[int, Group],
+                        group_at: dict[int, tuple[int, int]],
+                        damaged_at: list[tuple[int, int]], by_number: dict[int, Segment],
+                        log: Any) -> None:
+    """A group marked done whose GROUP record was damaged: its batches are not inserted
+    again (under a new token they would be stored twice). A GROUP record follows the DATA
+    records it names and the GROUP record before it, so its batches are those written
+    between the previous GROUP record and the damaged record, that no GROUP record names
+    (a crash between a group's DONE and the next group's forming could put a waiting
+    batch among them: lost then, rather than doubled)."""
+    named = {s for g in logged.values() for s in g.seqs}
+    damaged = sorted(damaged_at)
+    for gid in sorted(g for g in done if g not in group_at):
+        lo = max((at for g, at in group_at.items() if g < gid), default=(-1, -1))
+        hi = next((d for d in damaged if d > lo), None)
+        if hi is None:
+            continue  # its DONE outlived every trace of it: nothing of it waits
+        members = [r for r in out.records.values()
+                   if r.seq not in named and lo < (r.segment, r.offset) < hi]
+        for r in members:
+            del out.records[r.seq]
+            by_number[r.segment].pending -= 1
+        log.error("queue_group_damaged", group=gid, batches=len(members),
+                  rows=sum(r.rows for r in members))
 
 
 def with_tables(recs: list[Record], paths: dict[int, str],

@@ -474,3 +474,33 @@ class TestMemory:
         await asyncio.wait_for(qu.wait_empty(), 5)
         assert store.values() == [0, 3]
         await qu.close(within=1)
+
+    async def test_a_done_group_whose_group_record_is_damaged_is_not_inserted_again(
+            self, tmp_path: Path) -> None:
+        """A GROUP record damaged after its group went in (its DONE intact): its batches
+        are not inserted again at the next start (under a new token they would be stored
+        twice); the batches of the groups after it are as they were."""
+        from pipeline.exporters.clickhouse.queue_log import GROUP, Scan
+
+        store = Store()
+        qu = make(tmp_path, store)
+        await qu.open(replay_timeout=1)
+        await qu.put(batch(1, 2), 2, set(), None)
+        await asyncio.wait_for(qu.wait_empty(), 2)
+        store.refuse = 10 ** 6  # the next group is logged, not inserted
+        await qu.put(batch(3), 1, set(), None)
+        await asyncio.wait_for(store.entered.wait(), 2)
+        await asyncio.sleep(0.05)
+        crash(qu)
+        seg = next((tmp_path / "queue").iterdir())
+        data = bytearray(seg.read_bytes())
+        off, size = next((o, n) for k, _, n, o in Scan(bytes(data)) if k == GROUP)
+        data[off + size - 1] ^= 0xFF  # the first group's record
+        seg.write_bytes(bytes(data))
+        store.refuse = 0
+        again = make(tmp_path, store)
+        await again.open(replay_timeout=2)
+        assert sorted(store.values()) == [1, 2, 3]
+        events = [e for e, _ in again.log.events]
+        assert "queue_group_damaged" in events and "queue_record_damaged" in events
+        await again.close(within=1)
