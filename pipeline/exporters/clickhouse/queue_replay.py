@@ -5,7 +5,8 @@ yet in ClickHouse (where each is in the log, not its tables: those are read when
 inserted), the groups logged before a crash that are not done (each to be inserted again
 as it was, under its token, with those of its records still waiting), each segment's count
 of what it holds that is not done, and the next free sequence and group numbers. A torn
-tail (a record the process died writing, never acknowledged) is reported and cut off; a
+tail (a record the process died writing, never acknowledged: the last segment's only) is
+reported and cut off, the same in an older segment is damage, reported as an error; a
 record damaged since it was written, with good ones after it, is reported lost and the
 ones after it are read.
 """
@@ -48,7 +49,8 @@ def read_back(directory: str, log: Any) -> Replay:
     done: set[int] = set()
     group_at: dict[int, tuple[int, int]] = {}  # where each GROUP record is (segment, byte)
     damaged_at: list[tuple[int, int]] = []
-    for number, path in segments(directory):
+    files = segments(directory)
+    for i, (number, path) in enumerate(files):
         seg = Segment(number, path)
         out.segments.append(seg)
         with open(path, "rb") as f:
@@ -68,9 +70,14 @@ def read_back(directory: str, log: Any) -> Replay:
             log.error("queue_record_damaged", segment=path, offset=offset, bytes=size)
             damaged_at.append((number, offset))
         at = scan.end
-        if at != len(data):
+        if at != len(data) and i == len(files) - 1:
             log.warning("queue_torn_tail", segment=path, offset=at,
                         dropped_bytes=len(data) - at)
+        elif at != len(data):
+            # an older segment was synced and closed before the next one began: what does
+            # not check out there was damaged after it was written, acknowledged and lost
+            log.error("queue_segment_damaged", segment=path, offset=at,
+                      dropped_bytes=len(data) - at)
             with open(path, "r+b") as f:
                 f.truncate(at)
     by_number = {s.number: s for s in out.segments}

@@ -504,3 +504,30 @@ class TestMemory:
         events = [e for e, _ in again.log.events]
         assert "queue_group_damaged" in events and "queue_record_damaged" in events
         await again.close(within=1)
+
+    async def test_a_bad_end_of_an_older_segment_is_damage_not_a_torn_tail(
+            self, tmp_path: Path) -> None:
+        """Only the last segment can end in a torn write (the older ones were synced and
+        closed): a bad record at the end of an older one is reported as an error (its
+        batch was acknowledged), the segments after it read as they are."""
+        store = Store()
+        store.refuse = 10 ** 6
+        qu = make(tmp_path, store, batch_rows=10 ** 6, flush_interval=3600)
+        await qu.open(replay_timeout=1)
+        await qu.put(batch(1), 1, set(), None)
+        await qu.put(batch(2), 1, set(), None)
+        bad = qu._records[2]
+        qu._new_segment()
+        await qu.put(batch(3), 1, set(), None)
+        crash(qu)
+        seg = tmp_path / "queue" / f"{bad.segment:012d}.log"
+        data = bytearray(seg.read_bytes())
+        data[bad.offset + bad.size - 1] ^= 0xFF
+        seg.write_bytes(bytes(data))
+        store.refuse = 0
+        again = make(tmp_path, store)
+        await again.open(replay_timeout=2)
+        assert sorted(store.values()) == [1, 3]
+        events = [e for e, _ in again.log.events]
+        assert "queue_segment_damaged" in events and "queue_torn_tail" not in events
+        await again.close(within=1)
