@@ -70,14 +70,16 @@ def read_back(directory: str, log: Any) -> Replay:
             log.error("queue_record_damaged", segment=path, offset=offset, bytes=size)
             damaged_at.append((number, offset))
         at = scan.end
-        if at != len(data) and i == len(files) - 1:
-            log.warning("queue_torn_tail", segment=path, offset=at,
-                        dropped_bytes=len(data) - at)
-        elif at != len(data):
-            # an older segment was synced and closed before the next one began: what does
-            # not check out there was damaged after it was written, acknowledged and lost
-            log.error("queue_segment_damaged", segment=path, offset=at,
-                      dropped_bytes=len(data) - at)
+        if at != len(data):
+            if i == len(files) - 1:
+                log.warning("queue_torn_tail", segment=path, offset=at,
+                            dropped_bytes=len(data) - at)
+            else:
+                # an older segment was synced and closed before the next one began: what
+                # does not check out there was damaged after it was written, acknowledged
+                # and lost
+                log.error("queue_segment_damaged", segment=path, offset=at,
+                          dropped_bytes=len(data) - at)
             with open(path, "r+b") as f:
                 f.truncate(at)
     by_number = {s.number: s for s in out.segments}
