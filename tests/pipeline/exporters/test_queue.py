@@ -264,18 +264,27 @@ class TestQueue:
         assert len(os.listdir(tmp_path / "queue")) <= 1
 
 
+async def backlogged(tmp: Path, memory_bytes: int = 1
+                     ) -> tuple[Store, SendingQueue, dict[str, int]]:
+    """An open queue whose first group (batch 0) is being inserted and held there until
+    ``store.gate`` is set (ClickHouse slow): what is put next waits, beyond
+    ``memory_bytes`` on disk only; ``metrics`` counts what the queue reports."""
+    store = Store()
+    store.gate = asyncio.Event()
+    metrics: dict[str, int] = {}
+    qu = make(tmp, store, memory_bytes=memory_bytes, batch_rows=10 ** 6, metrics=metrics)
+    await qu.open(replay_timeout=1)
+    await qu.put(batch(0), 1, set(), None)
+    await asyncio.wait_for(store.entered.wait(), 2)
+    return store, qu, metrics
+
+
 class TestMemory:
     """Only ``memory_mib`` of what waits is kept in memory; the rest is on disk only and
     read again when its group is inserted, in order, each batch once."""
 
     async def test_a_backlog_waits_on_disk(self, tmp_path: Path) -> None:
-        store = Store()
-        store.gate = asyncio.Event()
-        metrics: dict[str, int] = {}
-        qu = make(tmp_path, store, memory_bytes=300, batch_rows=10 ** 6, metrics=metrics)
-        await qu.open(replay_timeout=1)
-        await qu.put(batch(0), 1, set(), None)
-        await asyncio.wait_for(store.entered.wait(), 2)  # ClickHouse slow: a backlog builds
+        store, qu, metrics = await backlogged(tmp_path, memory_bytes=300)
         for v in range(1, 40):
             await qu.put(batch(*range(v * 10, v * 10 + 10)), 10, {("default", v)}, None)
         in_memory = [r for r in qu._records.values() if r.tables is not None]
@@ -315,13 +324,7 @@ class TestMemory:
         """A batch on disk only whose bytes changed under the queue (a disk fault) is
         logged as lost with its rows counted; the others of its group are inserted and the
         queue goes on (retrying it forever would stop every batch behind it)."""
-        store = Store()
-        store.gate = asyncio.Event()
-        metrics: dict[str, int] = {}
-        qu = make(tmp_path, store, memory_bytes=1, batch_rows=10 ** 6, metrics=metrics)
-        await qu.open(replay_timeout=1)
-        await qu.put(batch(0), 1, set(), None)
-        await asyncio.wait_for(store.entered.wait(), 2)
+        store, qu, metrics = await backlogged(tmp_path)
         for v in (1, 2, 3):
             await qu.put(batch(v, v), 2, set(), None)
         lost = qu._records[3]
@@ -348,13 +351,7 @@ class TestMemory:
         """The disk failing to read a batch back for now (or anything else raised there)
         is logged and tried again: the batch is inserted once, nothing counted lost, and
         the drainer goes on."""
-        store = Store()
-        store.gate = asyncio.Event()
-        metrics: dict[str, int] = {}
-        qu = make(tmp_path, store, memory_bytes=1, batch_rows=10 ** 6, metrics=metrics)
-        await qu.open(replay_timeout=1)
-        await qu.put(batch(0), 1, set(), None)
-        await asyncio.wait_for(store.entered.wait(), 2)
+        store, qu, metrics = await backlogged(tmp_path)
         await qu.put(batch(1, 1), 2, set(), None)
         assert qu._records[2].tables is None
         real = queue_replay.read_tables
@@ -378,13 +375,7 @@ class TestMemory:
     async def test_another_batch_in_its_place_is_not_taken_for_it(self, tmp_path: Path) -> None:
         """A record that checks out but is another batch (the file changed under the queue)
         is not inserted in place of the one asked for: that one is reported lost."""
-        store = Store()
-        store.gate = asyncio.Event()
-        metrics: dict[str, int] = {}
-        qu = make(tmp_path, store, memory_bytes=1, batch_rows=10 ** 6, metrics=metrics)
-        await qu.open(replay_timeout=1)
-        await qu.put(batch(0), 1, set(), None)
-        await asyncio.wait_for(store.entered.wait(), 2)
+        store, qu, metrics = await backlogged(tmp_path)
         await qu.put(batch(5), 1, set(), None)
         await qu.put(batch(6), 1, set(), None)
         a, b = qu._records[2], qu._records[3]
@@ -427,13 +418,7 @@ class TestMemory:
     async def test_a_file_gone_is_lost_not_a_wedge(self, tmp_path: Path) -> None:
         """A segment file deleted under the queue: its batches are reported lost and the
         batches behind them inserted (retrying it for ever stopped the queue)."""
-        store = Store()
-        store.gate = asyncio.Event()
-        metrics: dict[str, int] = {}
-        qu = make(tmp_path, store, memory_bytes=1, batch_rows=10 ** 6, metrics=metrics)
-        await qu.open(replay_timeout=1)
-        await qu.put(batch(0), 1, set(), None)
-        await asyncio.wait_for(store.entered.wait(), 2)
+        store, qu, metrics = await backlogged(tmp_path)
         qu._new_segment()  # the next batches in a file of their own
         await qu.put(batch(1), 1, set(), None)
         await qu.put(batch(2), 1, set(), None)
@@ -453,13 +438,7 @@ class TestMemory:
         """A batch whose read fails every time (a bad sector: EIO) is retried READ_TRIES
         times, then reported lost; the batches behind it go in."""
         monkeypatch.setattr(q, "READ_TRIES", 2)
-        store = Store()
-        store.gate = asyncio.Event()
-        metrics: dict[str, int] = {}
-        qu = make(tmp_path, store, memory_bytes=1, batch_rows=10 ** 6, metrics=metrics)
-        await qu.open(replay_timeout=1)
-        await qu.put(batch(0), 1, set(), None)
-        await asyncio.wait_for(store.entered.wait(), 2)
+        store, qu, metrics = await backlogged(tmp_path)
         await qu.put(batch(1, 1), 2, set(), None)
         real = queue_replay.read_tables
 
