@@ -12,6 +12,8 @@ Each accumulator knows its size in items (``ITEM_BYTES`` each), which the memory
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
 from pipeline.records import Attribution, ProfileBatch, Sample
@@ -153,16 +155,14 @@ class Acc(msgspec.Struct, gc=False):
                 m.self_alloc = m.self_alloc or {}
             if o.wall:
                 m.wall = m.wall or {}
-            for d, od in ((m.cpu, o.cpu), (m.wall, o.wall)):
+            pairs: tuple[tuple[dict[Any, int] | None, dict[Any, int] | None], ...] = (
+                (m.cpu, o.cpu), (m.wall, o.wall), (m.self_lock, o.self_lock),
+                (m.self_alloc, o.self_alloc))
+            for d, od in pairs:
                 if d is None or not od:
                     continue
                 for k, v in od.items():
                     d[k] = d.get(k, 0) + v
-            for fd, ofd in ((m.self_lock, o.self_lock), (m.self_alloc, o.self_alloc)):
-                if fd is None or not ofd:
-                    continue
-                for fk, fv in ofd.items():
-                    fd[fk] = fd.get(fk, 0) + fv
 
 
 def add(m: M, measure: str, value: int, count: int, leaf: str | None,
