@@ -377,7 +377,8 @@ class SendingQueue:
         event loop; held by the group alone, not the records, so that they go with it). A
         record that cannot be read any more (its file gone or changed since it was
         written) is logged as lost and left out, never retried forever; the disk failing
-        to read (``OSError``) is raised, for the group to be tried again."""
+        to read (``OSError``) is raised, for the group to be tried again, unless ``final``
+        (``READ_TRIES`` failures in a row): then what still fails is lost too."""
         paths = {s.number: s.path for s in self._segments}
         got = await asyncio.get_running_loop().run_in_executor(
             self._reader, with_tables, recs, paths, final)

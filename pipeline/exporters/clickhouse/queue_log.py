@@ -151,7 +151,7 @@ class Record:
     token: str | None  # a Kafka block's own token: the record is a group of its own
     size: int
     segment: int  # the number of the segment it is in
-    offset: int = 0  # where in that segment (its header's first byte)
+    offset: int  # where in that segment (its header's first byte)
     at: float = field(default_factory=time.monotonic)
 
 
