@@ -17,13 +17,14 @@ form new groups. ``open`` does all that before returning: the exporter starts be
 correlator, whose crash recovery reads what is stored (processors/correlate/recovery.py).
 
 The log is a series of numbered segment files (``queue_log.py`` has their format,
-``queue_replay.py`` reads them back at start). A record that does not check out ends its
-segment (a torn write: it was never acknowledged). Segments are deleted oldest first once
-every record and group in them is done. ``max_mib`` bounds what is waiting: beyond it
-``put`` refuses with a retryable error (explicit backpressure), as it does when the disk
-refuses a write. Only ``memory_mib`` of what waits is also kept in memory, as the columns
-it came as; the rest (a backlog while ClickHouse is slow or down, everything read back at
-start) is on disk only and read again when its group is inserted.
+``queue_writer.py`` appends and fsyncs, ``queue_replay.py`` reads them back at start). A
+record that does not check out ends its segment (a torn write: it was never
+acknowledged). Segments are deleted oldest first once every record and group in them is
+done. ``max_mib`` bounds what is waiting: beyond it ``put`` refuses with a retryable
+error (explicit backpressure), as it does when the disk refuses a write. Only
+``memory_mib`` of what waits is also kept in memory, as the columns it came as; the rest
+(a backlog while ClickHouse is slow or down, everything read back at start) is on disk
+only and read again when its group is inserted.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from pipeline.errors import Retryable
 from pipeline.exporters.clickhouse.queue_log import (
     DATA,
     DONE,
+    FORGET,
     GROUP,
     PREFIX,
     Group,
@@ -46,12 +48,11 @@ from pipeline.exporters.clickhouse.queue_log import (
     Record,
     Segment,
     record,
-    segment_path,
 )
 from pipeline.exporters.clickhouse.queue_replay import read_back, with_tables
+from pipeline.exporters.clickhouse.queue_writer import LogWriter
 from pipeline.exporters.clickhouse.rows import Columns, StackKey, extend
 
-SEGMENT_BYTES = 64 << 20
 MAX_RECORD_BYTES = 1 << 30
 MAX_GROUP_ROWS = 200_000  # rows per insert group (beyond, the next group takes the rest)
 READ_TRIES = 8  # a group's read back failing this often (backing off to 30 s): given up
@@ -82,13 +83,9 @@ class SendingQueue:
         self._groups: list[Group] = []  # logged, not done (from before a crash)
         self._group_of: dict[int, int] = {}  # seq -> gid, for logged groups
         self._segments: list[Segment] = []
-        self._fd = -1
-        self._offset = 0
+        self._log = LogWriter(directory, self._segments, self._io)
         self._next_seq = 1
         self._next_gid = 1
-        self._written = 0  # appends so far, and how many of them an fsync covers
-        self._synced = 0
-        self._sync_task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._emptied = asyncio.Event()
         self._close_ev = asyncio.Event()  # wakes a drainer waiting to retry
@@ -112,7 +109,7 @@ class SendingQueue:
         try:
             os.makedirs(self.directory, exist_ok=True)
             await asyncio.get_running_loop().run_in_executor(self._io, self._read_all)
-            self._new_segment()
+            self._log.new_segment()
         except OSError as err:
             raise QueueError(f"cannot use {self.directory}: {err}") from err
         replayed = len(self._records)
@@ -131,7 +128,8 @@ class SendingQueue:
 
     def _read_all(self) -> None:
         r = read_back(self.directory, self.log)
-        self._segments, self._records, self._groups = r.segments, r.records, r.groups
+        self._segments[:] = r.segments  # the list the writer appends to
+        self._records, self._groups = r.records, r.groups
         self._next_seq, self._next_gid = r.next_seq, r.next_gid
         self._group_of = {s: g.gid for g in r.groups for s in g.seqs}
         self.waiting_bytes = sum(rec.size for rec in r.records.values())
@@ -158,48 +156,6 @@ class SendingQueue:
 
     # ---- appending -----------------------------------------------------------------------
 
-    def _new_segment(self) -> None:
-        if self._fd >= 0:
-            os.fsync(self._fd)  # what it holds stays covered when appends move on
-            os.close(self._fd)
-        number = self._segments[-1].number + 1 if self._segments else 1
-        path = segment_path(self.directory, number)
-        # O_APPEND: after a refused write is cut off (ftruncate), the next one goes at the
-        # end of what is good, never past a hole
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o600)
-        self._offset = 0
-        self._segments.append(Segment(number, path))
-
-    def _append(self, rec: bytearray) -> int:
-        """Write a record (``queue_log.record``); its size."""
-        if self._offset + len(rec) > SEGMENT_BYTES and self._offset > 0:
-            self._new_segment()
-        try:
-            n = os.write(self._fd, rec)
-            if n != len(rec):
-                raise OSError(f"short write ({n} of {len(rec)} bytes)")
-        except OSError:
-            os.ftruncate(self._fd, self._offset)  # no torn record after acknowledged ones
-            raise
-        self._offset += len(rec)
-        self._written += 1
-        return len(rec)
-
-    async def _sync(self) -> None:
-        target = self._written
-        while self._synced < target:
-            if self._sync_task is None:
-                self._sync_task = asyncio.create_task(self._fsync())
-            await asyncio.shield(self._sync_task)
-
-    async def _fsync(self) -> None:
-        upto, fd = self._written, self._fd
-        try:
-            await asyncio.get_running_loop().run_in_executor(self._io, os.fsync, fd)
-            self._synced = max(self._synced, upto)
-        finally:
-            self._sync_task = None
-
     async def put(self, tables: dict[str, Columns], rows: int, stacks: set[StackKey],
                   token: str | None) -> None:
         """Log a batch; return once it is on disk (then it will be inserted, even after a
@@ -216,7 +172,7 @@ class SendingQueue:
                             retry_after=2.0)
         seq = self._next_seq
         try:
-            size = self._append(framed)
+            size = self._log.append(framed)
         except OSError as err:
             self.metric("queue_refused_rows", rows)
             raise Retryable(f"clickhouse sending queue: cannot write {self.directory}: "
@@ -226,7 +182,7 @@ class SendingQueue:
         # beyond memory_mib the batch is on disk only, read again when its turn comes
         keep = self.resident_bytes + size <= self.memory_bytes
         rec = Record(seq, tables if keep else None, rows, stacks, token, size,
-                     self._segments[-1].number, self._offset - size)
+                     self._segments[-1].number, self._log.offset - size)
         if keep:
             self.resident_bytes += size
         else:
@@ -236,10 +192,16 @@ class SendingQueue:
         self.waiting_bytes += size
         self.waiting_rows += rows
         try:
-            await self._sync()
+            await self._log.sync()
         except OSError as err:
-            # not acknowledged: forget it (a crash before the next fsync loses it anyway)
+            # not acknowledged: forgotten, also on disk, where it may be all the same (the
+            # next fsync covers that record before it covers another acknowledgement)
             self._forget(seq)
+            try:
+                self._log.append(record(FORGET, [seq]))
+            except OSError:  # the disk refusing this too: a restart may insert it after all
+                self.log.warning("queue_write_failed", error="FORGET record", seq=seq,
+                                 directory=self.directory)
             raise Retryable(f"clickhouse sending queue: cannot fsync {self.directory}: "
                             f"{err}", retry_after=5.0) from err
         self.metric("queued_rows", rows)
@@ -272,7 +234,7 @@ class SendingQueue:
             rows += r.rows
         first = self._records[seqs[0]]
         token = first.token or f"q{os.urandom(8).hex()}-{self._next_gid}"
-        self._append(record(GROUP, [self._next_gid, seqs, token]))
+        self._log.append(record(GROUP, [self._next_gid, seqs, token]))
         g = Group(self._next_gid, seqs, token, self._segments[-1].number)
         self._next_gid += 1
         self._segments[-1].pending += 1
@@ -299,7 +261,7 @@ class SendingQueue:
                 continue
             try:
                 g = self._next_group()
-                await self._sync()  # the group's record is on disk before its insert
+                await self._log.sync()  # the group's record is on disk before its insert
             except OSError as err:
                 self.log.error("queue_write_failed", error=str(err), directory=self.directory)
                 await asyncio.sleep(5.0)
@@ -361,7 +323,7 @@ class SendingQueue:
                         pass
             self._groups.pop(0)
             try:
-                self._append(record(DONE, g.gid))
+                self._log.append(record(DONE, g.gid))
             except OSError as err:  # a lost DONE only costs a deduplicated insert later
                 self.log.warning("queue_write_failed", error=str(err), directory=self.directory)
             self._segment(g.segment).pending -= 1
@@ -424,10 +386,7 @@ class SendingQueue:
             if self._records:
                 self.log.warning("queue_left_for_next_start", records=len(self._records),
                                  bytes=self.waiting_bytes, directory=self.directory)
-        if self._fd >= 0:
-            os.fsync(self._fd)
-            os.close(self._fd)
-            self._fd = -1
+        self._log.close()
         self._io.shutdown(wait=True)
         # a read of a group cut short by the cancel above ends on its own
         self._reader.shutdown(wait=False, cancel_futures=True)

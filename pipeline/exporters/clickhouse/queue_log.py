@@ -5,7 +5,9 @@ length and crc32 cover kind and payload, and the payload is msgpack:
 
 * ``DATA``  ``[seq, token | None, rows, [stack ids], {table: {column: [values]}}]``: a batch;
 * ``GROUP`` ``[gid, [seq, ...], token]``: these batches are inserted together under token;
-* ``DONE``  ``gid``: that group is in ClickHouse.
+* ``DONE``  ``gid``: that group is in ClickHouse;
+* ``FORGET`` ``[seq, ...]``: these batches were refused (the fsync meant to cover them
+  failed, their senders told to retry): never inserted, though they may be on disk.
 
 A record that does not check out (cut short, or a crc that does not match) ends what is
 read of its segment: a write the process died in, never acknowledged.
@@ -25,7 +27,7 @@ import msgspec
 
 from pipeline.exporters.clickhouse.rows import Columns
 
-DATA, GROUP, DONE = 1, 2, 3
+DATA, GROUP, DONE, FORGET = 1, 2, 3, 4
 HEADER = struct.Struct("<II")  # length and crc32 of what follows: kind (1 byte), payload
 
 _enc = msgspec.msgpack.Encoder()

@@ -22,6 +22,7 @@ import msgspec
 from pipeline.exporters.clickhouse.queue_log import (
     DATA,
     DONE,
+    FORGET,
     GROUP,
     Group,
     QueueError,
@@ -47,6 +48,7 @@ def read_back(directory: str, log: Any) -> Replay:
     out = Replay()
     logged: dict[int, Group] = {}
     done: set[int] = set()
+    forgotten: set[int] = set()
     group_at: dict[int, tuple[int, int]] = {}  # where each GROUP record is (segment, byte)
     damaged_at: list[tuple[int, int]] = []
     files = segments(directory)
@@ -59,6 +61,8 @@ def read_back(directory: str, log: Any) -> Replay:
         try:
             for kind, payload, size, offset in scan:
                 _apply(out, kind, payload, seg, size, offset, logged, done)
+                if kind == FORGET:
+                    forgotten.update(payload)
                 if kind == GROUP:
                     group_at[payload[0]] = (number, offset)
         except (msgspec.DecodeError, ValueError, TypeError, KeyError) as err:
@@ -83,6 +87,9 @@ def read_back(directory: str, log: Any) -> Replay:
             with open(path, "r+b") as f:
                 f.truncate(at)
     by_number = {s.number: s for s in out.segments}
+    for seq in forgotten:  # refused when they were put: their senders sent them again
+        if (r := out.records.pop(seq, None)) is not None:
+            by_number[r.segment].pending -= 1
     _done_without_group(out, done, logged, group_at, damaged_at, by_number, log)
     for gid in done:
         g = logged.pop(gid, None)
@@ -192,5 +199,5 @@ def _apply(out: Replay, kind: int, p: Any, seg: Segment, size: int, offset: int,
         done.add(p)
         # numbers are never used twice while a record names them
         out.next_gid = max(out.next_gid, p + 1)
-    else:
+    elif kind != FORGET:
         raise ValueError(f"unknown record kind {kind}")

@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +16,7 @@ import pytest
 
 from pipeline.errors import Retryable
 from pipeline.exporters.clickhouse import queue as q
-from pipeline.exporters.clickhouse import queue_replay
+from pipeline.exporters.clickhouse import queue_replay, queue_writer
 from pipeline.exporters.clickhouse.queue import SendingQueue
 
 
@@ -82,7 +84,7 @@ async def _close_queues() -> Any:
     yield
     while OPENED:
         qu = OPENED.pop()
-        if qu._fd >= 0:
+        if qu._log._fd >= 0:
             await qu.close(within=0.1)
 
 
@@ -90,8 +92,8 @@ def crash(queue: SendingQueue) -> None:
     """As a SIGKILL would leave it: nothing more reaches the disk, nothing is closed."""
     if queue._task is not None:
         queue._task.cancel()
-    os.close(queue._fd)
-    queue._fd = -1
+    os.close(queue._log._fd)
+    queue._log._fd = -1
 
 
 class TestQueue:
@@ -252,7 +254,7 @@ class TestQueue:
 
     async def test_segments_are_deleted_once_done(self, tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-        monkeypatch.setattr(q, "SEGMENT_BYTES", 300)
+        monkeypatch.setattr(queue_writer, "SEGMENT_BYTES", 300)
         store = Store()
         qu = make(tmp_path, store)
         await qu.open(replay_timeout=1)
@@ -262,6 +264,115 @@ class TestQueue:
         await qu.close(within=1)
         assert len(store.values()) == 200
         assert len(os.listdir(tmp_path / "queue")) <= 1
+
+
+class TestFsync:
+    """What an acknowledgement waits for: an fsync that began after its record was
+    written, shared by the puts that came meanwhile (group commit)."""
+
+    async def test_acknowledged_only_after_an_fsync_that_covers_it(
+            self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        store = Store()
+        qu = make(tmp_path, store)
+        await qu.open(replay_timeout=1)
+        real_write, real_fsync = os.write, os.fsync
+        writes = [0]
+        fsyncs: list[tuple[int, int]] = []  # (writes when it began, when it ended)
+        ended: list[int] = []  # writes covered by the fsyncs ended so far
+
+        def write(fd: int, data: Any) -> int:
+            writes[0] += 1
+            return real_write(fd, data)
+
+        def fsync(fd: int) -> None:
+            began = writes[0]
+            time.sleep(0.01)  # a slow disk: puts pile up behind each fsync
+            real_fsync(fd)
+            fsyncs.append((began, writes[0]))
+            ended.append(began)
+
+        monkeypatch.setattr(q.os, "write", write)
+        monkeypatch.setattr(q.os, "fsync", fsync)
+
+        async def put_and_check(v: int) -> None:
+            before = writes[0]
+            await qu.put(batch(v), 1, set(), None)
+            # an fsync that began once this record was written has ended
+            assert any(b > before for b in ended), (v, before, ended)
+
+        await asyncio.gather(*(put_and_check(v) for v in range(40)))
+        assert len(fsyncs) < 40  # shared: far fewer fsyncs than puts
+        await asyncio.wait_for(qu.wait_empty(), 5)
+        assert sorted(store.values()) == list(range(40))
+
+    async def test_a_failed_fsync_refuses_its_puts_and_the_next_ones_go_in(
+            self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        """The disk failing an fsync: the puts it covered are told to retry and forgotten
+        (their rows never inserted: the client sends them again); later puts are logged,
+        acknowledged and inserted, also after a restart, once."""
+        store = Store()
+        qu = make(tmp_path, store)
+        await qu.open(replay_timeout=1)
+        real = os.fsync
+        fail = [True]
+
+        def fsync(fd: int) -> None:
+            if fail[0]:
+                fail[0] = False
+                raise OSError(errno.EIO, "Input/output error")
+            real(fd)
+
+        monkeypatch.setattr(q.os, "fsync", fsync)
+        with pytest.raises(Retryable, match="cannot fsync"):
+            await qu.put(batch(1), 1, set(), None)
+        await qu.put(batch(2), 1, set(), None)
+        await asyncio.wait_for(qu.wait_empty(), 2)
+        assert store.values() == [2]
+        crash(qu)
+        again = make(tmp_path, store)
+        await again.open(replay_timeout=2)
+        assert store.values() == [2]
+
+    async def test_a_new_segment_while_an_fsync_runs(
+            self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Appends move to a new file while the fsync of the old one runs: that file is
+        closed only after it (an fsync of a closed descriptor fails, or syncs another file
+        given its number), and every put is acknowledged."""
+        monkeypatch.setattr(queue_writer, "SEGMENT_BYTES", 300)
+        store = Store()
+        qu = make(tmp_path, store)
+        await qu.open(replay_timeout=1)
+        real_fsync, real_write = os.fsync, os.write
+        file_of: dict[int, str] = {}  # descriptor -> the file last written through it
+        wrong: list[str] = []
+
+        def write(fd: int, data: Any) -> int:
+            file_of[fd] = os.readlink(f"/proc/self/fd/{fd}")
+            return real_write(fd, data)
+
+        def slow(fd: int) -> None:
+            if threading.current_thread() is not threading.main_thread():
+                meant = file_of.get(fd)
+                time.sleep(0.03)  # the group commit's (a new segment's own is at once)
+                try:
+                    now = os.readlink(f"/proc/self/fd/{fd}")
+                except OSError as err:
+                    now = str(err)
+                if now != meant:
+                    wrong.append(f"{meant} -> {now}")
+            real_fsync(fd)
+
+        monkeypatch.setattr(q.os, "write", write)
+        monkeypatch.setattr(q.os, "fsync", slow)
+
+        async def put(v: int) -> None:
+            await asyncio.sleep(v * 0.004)  # some while the fsync of an earlier one runs
+            await qu.put(batch(*range(v * 10, v * 10 + 10)), 10, set(), None)
+
+        await asyncio.gather(*(put(v) for v in range(20)))
+        await asyncio.wait_for(qu.wait_empty(), 5)
+        assert sorted(store.values()) == list(range(200))
+        assert not wrong, wrong
 
 
 async def backlogged(tmp: Path, memory_bytes: int = 1
@@ -419,7 +530,7 @@ class TestMemory:
         """A segment file deleted under the queue: its batches are reported lost and the
         batches behind them inserted (retrying it for ever stopped the queue)."""
         store, qu, metrics = await backlogged(tmp_path)
-        qu._new_segment()  # the next batches in a file of their own
+        qu._log.new_segment()  # the next batches in a file of their own
         await qu.put(batch(1), 1, set(), None)
         await qu.put(batch(2), 1, set(), None)
         os.unlink(tmp_path / "queue" / f"{qu._records[2].segment:012d}.log")
@@ -427,7 +538,7 @@ class TestMemory:
         await asyncio.wait_for(qu.wait_empty(), 5)
         assert store.values() == [0]
         assert metrics["queue_lost_rows"] == 2
-        qu._new_segment()  # (the file written to was the one deleted)
+        qu._log.new_segment()  # (the file written to was the one deleted)
         await qu.put(batch(3), 1, set(), None)
         await asyncio.wait_for(qu.wait_empty(), 5)
         assert store.values() == [0, 3]
@@ -500,7 +611,7 @@ class TestMemory:
         await qu.put(batch(1), 1, set(), None)
         await qu.put(batch(2), 1, set(), None)
         bad = qu._records[2]
-        qu._new_segment()
+        qu._log.new_segment()
         await qu.put(batch(3), 1, set(), None)
         crash(qu)
         seg = tmp_path / "queue" / f"{bad.segment:012d}.log"
