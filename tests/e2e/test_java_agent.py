@@ -80,6 +80,9 @@ def agents_env(sp: SpanprofProcess) -> dict[str, str]:
         "PYROSCOPE_PROFILER_EVENT": "itimer",
         "PYROSCOPE_UPLOAD_INTERVAL": f"{UPLOAD_S}s",
         "PYROSCOPE_LOG_LEVEL": "debug",  # each upload attempt is logged
+        # the agent unpacks async-profiler into a directory of java.io.tmpdir it leaves
+        # behind: the test's own, not /tmp (600 KiB a run)
+        "JAVA_TOOL_OPTIONS": f"-Djava.io.tmpdir={sp.tmp}",
     }
 
 
