@@ -36,11 +36,12 @@ INSERT SELECT's blocks by their contents (older servers; 26.x when the SELECT is
 or by its token (26.x, whatever the SELECT). Each run inserts under tokens of its own.
 ``insert_deduplicate = 0`` would not do: 26.x's ``deduplicate_insert`` overrides it.
 
-Not atomic: between a DELETE and its INSERTs a reader sees the range without its rows. And
-a row inserted into a base table for these minutes while they are rebuilt (after the DELETE,
-before the INSERT has read) reaches the aggregate twice, through its view and the rebuild:
-rebuild minutes the live pipeline no longer writes (a backfill's, past the correlator's
-grace), or rebuild again.
+Not atomic: until the DELETEs are done (waited for at the end, not one by one: each
+waits for the merges of the parts it rewrites) a reader sees the range's old rows beside
+the new ones. And a row inserted into a base table for these minutes while they are
+rebuilt (after the DELETE, before the INSERT has read) reaches the aggregate twice,
+through its view and the rebuild: rebuild minutes the live pipeline no longer writes (a
+backfill's, past the correlator's grace), or rebuild again.
 
 On a cluster schema (``cluster:``, ``cluster.on_cluster``) it refuses with a ConfigError:
 there the aggregates are Distributed tables over per-shard local tables, the DELETE must be
@@ -50,7 +51,9 @@ inserts forwarded to Replicated tables has been run here (no cluster in the test
 
 from __future__ import annotations
 
+import asyncio
 import re
+import time
 import uuid
 from typing import Any, NamedTuple
 
@@ -131,10 +134,12 @@ def plan(database: str, tenant: str, lo_s: int, hi_s: int) -> list[tuple[str, di
     p = {"tenant": tenant, "lo": lo_s, "hi": hi_s}
     out: list[tuple[str, dict[str, Any]]] = []
     for table, columns in AGGREGATES.items():
-        # lightweight DELETE waits for its mutation (lightweight_deletes_sync = 2, the
-        # default): the rows are gone when it returns, and rows inserted after it are not
-        # touched by it (a mutation applies to the parts that existed when it was made)
-        out.append((f"DELETE FROM {database}.{table} WHERE {RANGE}", p))
+        # not waited for here (lightweight_deletes_sync = 0): its mutation applies to the
+        # parts that existed when it was made, never to the rows inserted after it, and
+        # ``rebuild`` waits for every table's at the end (one at a time each waited for
+        # background merges of those parts: about 1 s a table on a store just written)
+        out.append((f"DELETE FROM {database}.{table} WHERE {RANGE} "
+                    "SETTINGS lightweight_deletes_sync = 0", p))
         names = ", ".join(columns)
         for v in (v for v in VIEWS if v.target == table):
             select = _FROM.sub(lambda m: m[0] + (" FINAL" if m[1] in REPLACED else ""),
@@ -160,3 +165,26 @@ async def rebuild(store: Store, tenant: str, lo_s: int, hi_s: int) -> None:
                           "its rows must be deleted from each shard's local table)")
     for sql, parameters in plan(store.database, tenant, lo_s, hi_s):
         await store.command(sql, parameters)
+    await mutations_done(store, list(AGGREGATES))
+
+
+async def mutations_done(store: Store, tables: list[str], timeout_s: float = 600.0,
+                         poll_s: float = 0.02) -> None:
+    """Return once no mutation of ``tables`` is left to do (the DELETEs of ``plan``);
+    RuntimeError naming the table and ClickHouse's reason if one keeps failing past
+    ``timeout_s`` (ClickHouse retries a failed mutation itself)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        _, rows = await store.query(
+            "SELECT table, mutation_id, latest_fail_reason FROM system.mutations "
+            "WHERE database = {db:String} AND table IN {names:Array(String)} AND NOT is_done",
+            {"db": store.database, "names": tables})
+        if not rows:
+            return
+        if time.monotonic() >= deadline:
+            table, mutation, reason = rows[0]
+            raise RuntimeError(f"aggregates: {len(rows)} DELETE mutations not done after "
+                               f"{timeout_s:.0f} s ({store.database}.{table} {mutation}"
+                               f"{': ' + reason if reason else ''})")
+        await asyncio.sleep(poll_s)
+        poll_s = min(poll_s * 2, 1.0)

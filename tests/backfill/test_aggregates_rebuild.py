@@ -324,3 +324,22 @@ class TestCluster:
         with pytest.raises(ConfigError, match=r"cluster: .*spanprof\.op_minute is a Distributed"):
             await aggregates.rebuild(store, "a", 0, 60)
         assert store.commands == []
+
+
+async def test_a_delete_that_never_finishes_is_an_error_naming_it() -> None:
+    """The DELETEs are waited for at the end of ``rebuild``: one ClickHouse keeps failing
+    is reported with its table and reason, not waited for forever."""
+
+    class Stuck:
+        database = "spanprof"
+        polls = 0
+
+        async def query(self, sql: str, parameters: Any = None) -> tuple[Any, Any]:
+            assert "system.mutations" in sql and parameters["names"] == ["op_minute"]
+            self.polls += 1
+            return None, [("op_minute", "mutation_7.txt", "Memory limit exceeded")]
+
+    stuck: Any = Stuck()
+    with pytest.raises(RuntimeError, match=r"spanprof\.op_minute mutation_7\.txt: Memory limit"):
+        await aggregates.mutations_done(stuck, ["op_minute"], timeout_s=0.1, poll_s=0.01)
+    assert stuck.polls > 1
