@@ -126,9 +126,12 @@ def main() -> None:
     ap.add_argument("--seconds", type=int, default=30)
     ap.add_argument("--grace", default="60s")
     ap.add_argument("--config", default=str(ROOT / "config" / "local.yaml"))
+    # the OpenTelemetry SDKs' batch span processor sends at most 512 spans a request
+    ap.add_argument("--spans-per-request", type=int, default=1000)
+    ap.add_argument("--samples-per-request", type=int, default=2000)
     args = ap.parse_args()
 
-    per_req_spans, per_req_samples = 1000, 2000
+    per_req_spans, per_req_samples = args.spans_per_request, args.samples_per_request
     n_spans = args.spans_per_s * args.seconds
     n_samples = args.samples_per_s * args.seconds
     treqs, keys = trace_requests(n_spans, per_req_spans)
