@@ -39,6 +39,7 @@ from typing import Any
 
 import msgspec
 
+from pipeline.backfill.aggregates import mutations_done
 from pipeline.records import Attribution, AttributionBatch, Sample, Unattributed
 from pipeline.registry import Store
 from processors.correlate import readback
@@ -235,6 +236,7 @@ WHERE tenant = {{tenant:String}} AND {smp_r} AND trace_id = '' AND span_id != ''
             fig.touch(int(hi))
         await _delete(store, ROW_TABLES, scope, params)
         await _write(u.tenant, out, [], send, fig)
+        await mutations_done(store, list(ROW_TABLES))
         stored = await _rows(store, """
 SELECT sum(cpu_ns) FROM {db}.span_attribution FINAL WHERE tenant = {tenant:String}
   AND method IN {m:Array(String)} AND (trace_id IN {t:Array(String)}
@@ -294,6 +296,7 @@ WHERE tenant = {{tenant:String}} AND ServiceName = {{svc:String}} AND {own_r}"""
                   "minute >= toDateTime({lo:UInt32}) AND minute < toDateTime({hi:UInt32})",
                   {**p, "lo": lo_m, "hi": hi_m})
     await _write(u.tenant, out, minutes, send, fig)
+    await mutations_done(store, [*ROW_TABLES, "unattributed_cpu"])
     (got_cpu, ), = await _rows(store, f"""
 SELECT (SELECT sum(cpu_ns) FROM {{db}}.span_attribution FINAL WHERE tenant = {{tenant:String}}
           AND method IN {{m:Array(String)}} AND (trace_id, span_id) IN (SELECT TraceId, SpanId
@@ -311,15 +314,18 @@ async def _delete(store: Store, tables: tuple[str, ...], where: str,
                   params: dict[str, Any]) -> None:
     """Delete the rows ``where`` selects from each of ``tables`` that has any: a
     lightweight ``DELETE`` costs a mutation of every part even when it matches nothing
-    (most of a backfill's time into an empty store, were it run regardless)."""
+    (most of a backfill's time into an empty store, were it run regardless). Not waited
+    for (each waited about a second for background merges, one after the other): the
+    rows written next are never touched by it (its mutation applies to the parts that
+    existed when it was made), and the stored CPU is checked once ``mutations_done``."""
     where = where.replace("{db}", store.database)
     counts = " UNION ALL ".join(
         f"SELECT {i}, count() FROM (SELECT 1 FROM {store.database}.{t} WHERE {where} LIMIT 1)"
         for i, t in enumerate(tables))
     for i, n in (await store.query(counts, params))[1]:
         if n:
-            await store.command(f"DELETE FROM {store.database}.{tables[int(i)]} WHERE {where}",
-                                params)
+            await store.command(f"DELETE FROM {store.database}.{tables[int(i)]} WHERE {where} "
+                                "SETTINGS lightweight_deletes_sync = 0", params)
 
 
 def _minutes(ns: int) -> int:
