@@ -199,5 +199,9 @@ def _apply(out: Replay, kind: int, p: Any, seg: Segment, size: int, offset: int,
         done.add(p)
         # numbers are never used twice while a record names them
         out.next_gid = max(out.next_gid, p + 1)
-    elif kind != FORGET:
+    elif kind == FORGET:
+        # a number named here is never given again: its batch's record may be gone (its
+        # segment deleted) while this one stays and would drop a new batch under it
+        out.next_seq = max(out.next_seq, max(p, default=0) + 1)
+    else:
         raise ValueError(f"unknown record kind {kind}")

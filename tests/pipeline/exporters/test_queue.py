@@ -333,6 +333,18 @@ class TestFsync:
         await again.open(replay_timeout=2)
         assert store.values() == [2]
 
+    def test_a_forgotten_number_is_not_given_again(self, tmp_path: Path) -> None:
+        """A FORGET record whose batch's record is gone (its segment deleted) still keeps
+        its sequence number from being given to a new batch after a restart: else the next
+        replay would drop that batch under it."""
+        from pipeline.exporters.clickhouse.queue_log import FORGET, record, segment_path
+
+        directory = tmp_path / "queue"
+        directory.mkdir()
+        Path(segment_path(str(directory), 3)).write_bytes(record(FORGET, [7]))
+        replay = queue_replay.read_back(str(directory), Log())
+        assert replay.next_seq == 8 and not replay.records
+
     async def test_a_new_segment_while_an_fsync_runs(
             self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         """Appends move to a new file while the fsync of the old one runs: that file is
