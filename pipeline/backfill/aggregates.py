@@ -36,12 +36,12 @@ INSERT SELECT's blocks by their contents (older servers; 26.x when the SELECT is
 or by its token (26.x, whatever the SELECT). Each run inserts under tokens of its own.
 ``insert_deduplicate = 0`` would not do: 26.x's ``deduplicate_insert`` overrides it.
 
-Not atomic: until the DELETEs are done (waited for at the end, not one by one: each
-waits for the merges of the parts it rewrites) a reader sees the range's old rows beside
-the new ones. And a row inserted into a base table for these minutes while they are
-rebuilt (after the DELETE, before the INSERT has read) reaches the aggregate twice,
-through its view and the rebuild: rebuild minutes the live pipeline no longer writes (a
-backfill's, past the correlator's grace), or rebuild again.
+Not atomic: between the DELETEs (all made at once, then waited for together: one by one,
+each waited for the merges of the parts it rewrites) and the INSERTs a reader sees the
+range without its rows. And a row inserted into a base table for these minutes while
+they are rebuilt (after the DELETE, before the INSERT has read) reaches the aggregate
+twice, through its view and the rebuild: rebuild minutes the live pipeline no longer
+writes (a backfill's, past the correlator's grace), or rebuild again.
 
 On a cluster schema (``cluster:``, ``cluster.on_cluster``) it refuses with a ConfigError:
 there the aggregates are Distributed tables over per-shard local tables, the DELETE must be
@@ -128,18 +128,19 @@ VIEWS = _views()
 
 
 def plan(database: str, tenant: str, lo_s: int, hi_s: int) -> list[tuple[str, dict[str, Any]]]:
-    """The statements of one run, in the order they must run, with their parameters: per
-    aggregate, its DELETE then an INSERT per view feeding it (under this run's token)."""
+    """The statements of one run, in the order they must run, with their parameters: every
+    aggregate's DELETE, then an INSERT per view feeding each (under this run's token).
+    ``rebuild`` waits for the DELETEs between the two."""
     run = uuid.uuid4().hex
     p = {"tenant": tenant, "lo": lo_s, "hi": hi_s}
-    out: list[tuple[str, dict[str, Any]]] = []
+    # not waited for one at a time (lightweight_deletes_sync = 0): each waited about 1 s
+    # for background merges of a store just written; ``rebuild`` waits for all of them
+    # before any INSERT, so a DELETE that cannot be done fails the run before anything is
+    # added (an INSERT after a stuck DELETE would double the range)
+    out: list[tuple[str, dict[str, Any]]] = [
+        (f"DELETE FROM {database}.{table} WHERE {RANGE} "
+         "SETTINGS lightweight_deletes_sync = 0", p) for table in AGGREGATES]
     for table, columns in AGGREGATES.items():
-        # not waited for here (lightweight_deletes_sync = 0): its mutation applies to the
-        # parts that existed when it was made, never to the rows inserted after it, and
-        # ``rebuild`` waits for every table's at the end (one at a time each waited for
-        # background merges of those parts: about 1 s a table on a store just written)
-        out.append((f"DELETE FROM {database}.{table} WHERE {RANGE} "
-                    "SETTINGS lightweight_deletes_sync = 0", p))
         names = ", ".join(columns)
         for v in (v for v in VIEWS if v.target == table):
             select = _FROM.sub(lambda m: m[0] + (" FINAL" if m[1] in REPLACED else ""),
@@ -163,24 +164,33 @@ async def rebuild(store: Store, tenant: str, lo_s: int, hi_s: int) -> None:
         raise ConfigError(f"cluster: the aggregates cannot be rebuilt on a cluster schema yet "
                           f"({store.database}.{distributed[0][0]} is a Distributed table; "
                           "its rows must be deleted from each shard's local table)")
+    waiting: set[tuple[str, str]] | None = None
     for sql, parameters in plan(store.database, tenant, lo_s, hi_s):
+        if sql.startswith("INSERT") and waiting is None:
+            waiting = await mutations_done(store, list(AGGREGATES))
         await store.command(sql, parameters)
-    await mutations_done(store, list(AGGREGATES))
+
+
+async def _pending(store: Store, tables: list[str]) -> list[tuple[str, str, str]]:
+    _, rows = await store.query(
+        "SELECT table, mutation_id, latest_fail_reason FROM system.mutations "
+        "WHERE database = {db:String} AND table IN {names:Array(String)} AND NOT is_done",
+        {"db": store.database, "names": tables})
+    return [(str(t), str(m), str(r)) for t, m, r in rows]
 
 
 async def mutations_done(store: Store, tables: list[str], timeout_s: float = 600.0,
-                         poll_s: float = 0.02) -> None:
-    """Return once no mutation of ``tables`` is left to do (the DELETEs of ``plan``);
-    RuntimeError naming the table and ClickHouse's reason if one keeps failing past
-    ``timeout_s`` (ClickHouse retries a failed mutation itself)."""
+                         poll_s: float = 0.02) -> set[tuple[str, str]]:
+    """Return once the mutations of ``tables`` not done when called are done (this run's
+    DELETEs, and any before them, which a part applies first; not those other runs make
+    meanwhile); RuntimeError naming the table and ClickHouse's reason if one is still not
+    done after ``timeout_s`` (ClickHouse retries a failed mutation itself)."""
     deadline = time.monotonic() + timeout_s
+    mine = {(t, m) for t, m, _ in await _pending(store, tables)}
     while True:
-        _, rows = await store.query(
-            "SELECT table, mutation_id, latest_fail_reason FROM system.mutations "
-            "WHERE database = {db:String} AND table IN {names:Array(String)} AND NOT is_done",
-            {"db": store.database, "names": tables})
+        rows = [r for r in await _pending(store, tables) if (r[0], r[1]) in mine]
         if not rows:
-            return
+            return mine
         if time.monotonic() >= deadline:
             table, mutation, reason = rows[0]
             raise RuntimeError(f"aggregates: {len(rows)} DELETE mutations not done after "

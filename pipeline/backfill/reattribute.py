@@ -235,8 +235,8 @@ WHERE tenant = {{tenant:String}} AND {smp_r} AND trace_id = '' AND span_id != ''
             fig.touch(int(lo))
             fig.touch(int(hi))
         await _delete(store, ROW_TABLES, scope, params)
-        await _write(u.tenant, out, [], send, fig)
         await mutations_done(store, list(ROW_TABLES))
+        await _write(u.tenant, out, [], send, fig)
         stored = await _rows(store, """
 SELECT sum(cpu_ns) FROM {db}.span_attribution FINAL WHERE tenant = {tenant:String}
   AND method IN {m:Array(String)} AND (trace_id IN {t:Array(String)}
@@ -295,8 +295,8 @@ WHERE tenant = {{tenant:String}} AND ServiceName = {{svc:String}} AND {own_r}"""
                   "tenant = {tenant:String} AND service = {svc:String} AND "
                   "minute >= toDateTime({lo:UInt32}) AND minute < toDateTime({hi:UInt32})",
                   {**p, "lo": lo_m, "hi": hi_m})
-    await _write(u.tenant, out, minutes, send, fig)
     await mutations_done(store, [*ROW_TABLES, "unattributed_cpu"])
+    await _write(u.tenant, out, minutes, send, fig)
     (got_cpu, ), = await _rows(store, f"""
 SELECT (SELECT sum(cpu_ns) FROM {{db}}.span_attribution FINAL WHERE tenant = {{tenant:String}}
           AND method IN {{m:Array(String)}} AND (trace_id, span_id) IN (SELECT TraceId, SpanId
@@ -315,9 +315,11 @@ async def _delete(store: Store, tables: tuple[str, ...], where: str,
     """Delete the rows ``where`` selects from each of ``tables`` that has any: a
     lightweight ``DELETE`` costs a mutation of every part even when it matches nothing
     (most of a backfill's time into an empty store, were it run regardless). Not waited
-    for (each waited about a second for background merges, one after the other): the
-    rows written next are never touched by it (its mutation applies to the parts that
-    existed when it was made), and the stored CPU is checked once ``mutations_done``."""
+    for one by one (each waited about a second for background merges): the caller waits
+    for all of a unit's with ``mutations_done`` before it writes (rows written after a
+    DELETE are never touched by it, but a DELETE that cannot be done must fail the unit
+    before its rows are added, and one whose WHERE reads otel_traces reads it when it
+    runs)."""
     where = where.replace("{db}", store.database)
     counts = " UNION ALL ".join(
         f"SELECT {i}, count() FROM (SELECT 1 FROM {store.database}.{t} WHERE {where} LIMIT 1)"

@@ -238,13 +238,13 @@ class TestRebuild:
         (an aggregate before the kill), the first j (the one killed in) or none (those
         after). So instead of stopping after each statement k in turn, each run stops every
         aggregate after its first d statements, d = 0 .. the longest group (every state of
-        every aggregate), and one run stops in plan order inside the second aggregate (some
-        done, one part-way, the rest untouched)."""
+        every aggregate), and one run stops in plan order after every DELETE and the first
+        INSERT (every aggregate emptied, one part-way refilled)."""
         want = await snapshot(store, "fresh")
         db = store.database
         steps = aggregates.plan(db, "a", *ALL)
-        assert [s.split()[0] for s, _ in steps] == ["DELETE", "INSERT", "INSERT"] * 2 + \
-            ["DELETE", "INSERT"] * 5
+        # every DELETE first (waited for together), then the INSERTs
+        assert [s.split()[0] for s, _ in steps] == ["DELETE"] * 7 + ["INSERT"] * 9
         bases = {*aggregates.REPLACED, "otel_traces"}
         written: list[str] = []  # the aggregate each statement writes
         for sql, _ in steps:
@@ -256,8 +256,8 @@ class TestRebuild:
             assert all(t.startswith(f"{db}.") for t in
                        re.findall(r"\b(?:FROM|JOIN|INTO)\s+(?!\()(\S+)", sql)), sql
             written.append(target[1])
-        # per aggregate one contiguous group, its DELETE first
-        groups = [t for i, t in enumerate(written) if i == 0 or written[i - 1] != t]
+        # per aggregate its DELETE first, then its INSERTs
+        groups = list(dict.fromkeys(written))
         assert groups == list(aggregates.AGGREGATES)
         assert all(steps[written.index(t)][0].startswith("DELETE") for t in groups)
         nth = [written[:i].count(t) for i, t in enumerate(written)]  # place in its group
@@ -268,7 +268,7 @@ class TestRebuild:
         assert {str(n) for n, d in deps if d} == bases, deps
         assert {str(n) for n, _ in deps} == {*aggregates.AGGREGATES, *bases}
 
-        in_order = written.index(groups[1]) + 2  # the second aggregate's DELETE and INSERT
+        in_order = len(groups) + 1  # every DELETE and the first INSERT
         kills = [(f"every aggregate after its first {d} statements",
                   [i for i, j in enumerate(nth) if j < d]) for d in range(max(nth) + 2)]
         kills.append((f"stopped after statement {in_order}", list(range(in_order))))

@@ -40,7 +40,6 @@ from pipeline.errors import Retryable
 from pipeline.exporters.clickhouse.queue_log import (
     DATA,
     DONE,
-    FORGET,
     GROUP,
     PREFIX,
     Group,
@@ -81,6 +80,7 @@ class SendingQueue:
         self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="queue-read")
         self._records: dict[int, Record] = {}  # waiting, by sequence number (in order)
         self._groups: list[Group] = []  # logged, not done (from before a crash)
+        self._relog: set[int] = set()  # groups whose record an fsync failed to cover
         self._group_of: dict[int, int] = {}  # seq -> gid, for logged groups
         self._segments: list[Segment] = []
         self._log = LogWriter(directory, self._segments, self._io)
@@ -172,7 +172,7 @@ class SendingQueue:
                             retry_after=2.0)
         seq = self._next_seq
         try:
-            size = self._log.append(framed)
+            size = self._log.append(framed, seq)
         except OSError as err:
             self.metric("queue_refused_rows", rows)
             raise Retryable(f"clickhouse sending queue: cannot write {self.directory}: "
@@ -194,14 +194,8 @@ class SendingQueue:
         try:
             await self._log.sync()
         except OSError as err:
-            # not acknowledged: forgotten, also on disk, where it may be all the same (the
-            # next fsync covers that record before it covers another acknowledgement)
+            # not acknowledged: forgotten, on disk too (the writer logged a FORGET record)
             self._forget(seq)
-            try:
-                self._log.append(record(FORGET, [seq]))
-            except OSError:  # the disk refusing this too: a restart may insert it after all
-                self.log.warning("queue_write_failed", error="FORGET record", seq=seq,
-                                 directory=self.directory)
             raise Retryable(f"clickhouse sending queue: cannot fsync {self.directory}: "
                             f"{err}", retry_after=5.0) from err
         self.metric("queued_rows", rows)
@@ -259,10 +253,16 @@ class SendingQueue:
                 except TimeoutError:
                     pass
                 continue
+            g: Group | None = None
             try:
                 g = self._next_group()
+                if g.gid in self._relog:
+                    self._log.append(record(GROUP, [g.gid, g.seqs, g.token]))
+                    self._relog.discard(g.gid)
                 await self._log.sync()  # the group's record is on disk before its insert
             except OSError as err:
+                if g is not None:  # its record may be lost with the failed fsync's pages
+                    self._relog.add(g.gid)
                 self.log.error("queue_write_failed", error=str(err), directory=self.directory)
                 await asyncio.sleep(5.0)
                 continue

@@ -14,14 +14,21 @@ import asyncio
 import os
 from concurrent.futures import ThreadPoolExecutor
 
-from pipeline.exporters.clickhouse.queue_log import Segment, segment_path
+from pipeline.exporters.clickhouse.queue_log import FORGET, Segment, record, segment_path
 
 SEGMENT_BYTES = 64 << 20
 
 
 class LogWriter:
     """Appends records to the last of ``segments`` (the list the queue keeps, shared),
-    starting a new segment beyond ``SEGMENT_BYTES``."""
+    starting a new segment beyond ``SEGMENT_BYTES``.
+
+    An ``fsync`` that fails fails every batch appended since the last one that succeeded
+    (their senders are told to retry): the writer then starts a new segment, so that
+    whatever the failed writeback left in the old one (zeros where a record was, read back
+    as a torn tail that would cut off what follows) is followed by nothing, and logs a
+    ``FORGET`` record naming those batches there before any other append, so that no later
+    acknowledgement is covered by an ``fsync`` that does not cover it too."""
 
     def __init__(self, directory: str, segments: list[Segment], io: ThreadPoolExecutor,
                  segment_bytes: int | None = None) -> None:
@@ -34,16 +41,29 @@ class LogWriter:
         self._written = 0  # appends so far, and how many of them an fsync covers
         self._synced = 0
         self._task: asyncio.Task[None] | None = None  # the fsync running
+        # batches appended and not covered by an fsync yet: (append number, sequence)
+        self._unsynced: list[tuple[int, int]] = []
+        # (lo, hi]: appends an fsync failed for, whatever fsync of their file ends well
+        # later (Linux reports a writeback error once per file: the error may have gone to
+        # another fsync than the one a waiter waits for)
+        self._failed: list[tuple[int, int]] = []
         # segments' files moved on from while an fsync of theirs may run: closed after it
         self._retired: list[int] = []
 
     def new_segment(self) -> None:
+        """Close the current segment (synced) and begin the next; ``OSError`` if its
+        fsync fails (then every batch not synced yet is failed, and forgotten on disk)."""
+        failed: OSError | None = None
         if self._fd >= 0:
-            os.fsync(self._fd)  # what it holds stays covered when appends move on
+            try:
+                os.fsync(self._fd)  # what it holds stays covered when appends move on
+            except OSError as err:
+                failed = err
             if self._task is not None:
                 self._retired.append(self._fd)  # never close a file an fsync is given
             else:
                 os.close(self._fd)
+            self._fd = -1
         number = self.segments[-1].number + 1 if self.segments else 1
         path = segment_path(self.directory, number)
         # O_APPEND: after a refused write is cut off (ftruncate), the next one goes at the
@@ -51,10 +71,13 @@ class LogWriter:
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o600)
         self.offset = 0
         self.segments.append(Segment(number, path))
+        if failed is not None:
+            self._fail_unsynced()
+            raise failed
 
-    def append(self, rec: bytearray) -> int:
-        """Write a record (``queue_log.record``); its size. ``OSError`` when the disk
-        refuses it: then nothing of it stays."""
+    def append(self, rec: bytearray, seq: int | None = None) -> int:
+        """Write a record (``queue_log.record``), of batch ``seq`` if it is a batch's; its
+        size. ``OSError`` when the disk refuses it: then nothing of it stays."""
         if self.offset + len(rec) > self.segment_bytes and self.offset > 0:
             self.new_segment()
         try:
@@ -66,14 +89,32 @@ class LogWriter:
             raise
         self.offset += len(rec)
         self._written += 1
+        if seq is not None:
+            self._unsynced.append((self._written, seq))
         return len(rec)
 
+    def _fail_unsynced(self) -> None:
+        """Every batch not covered by an fsync yet is failed: forgotten on disk too, in a
+        FORGET record of the current segment (a new one), and their waiters raise."""
+        if self._written > self._synced:
+            self._failed = [*self._failed[-15:], (self._synced, self._written)]
+        seqs = [seq for _, seq in self._unsynced]
+        self._unsynced.clear()
+        if seqs:
+            # a write refused here too: a restart may insert them after all (beside their
+            # senders' resends); nothing is acknowledged before a write goes through
+            self.append(record(FORGET, seqs))
+
     async def sync(self) -> None:
-        """Return once an ``fsync`` covers every append made so far; ``OSError`` if the
-        one that should failed (a later one proves nothing of those appends: the kernel
+        """Return once an ``fsync`` covers every append made so far; ``OSError`` if one
+        that should have failed (a later one proves nothing of those appends: the kernel
         may have dropped their pages)."""
         target = self._written
-        while self._synced < target:
+        while True:
+            if any(lo < target <= hi for lo, hi in self._failed):
+                raise OSError(f"an fsync of {self.directory} failed")
+            if self._synced >= target:
+                return
             if self._task is None:
                 self._task = asyncio.create_task(self._fsync())
             await asyncio.shield(self._task)
@@ -83,6 +124,16 @@ class LogWriter:
         try:
             await asyncio.get_running_loop().run_in_executor(self._io, os.fsync, fd)
             self._synced = max(self._synced, upto)
+            self._unsynced = [(n, s) for n, s in self._unsynced if n > upto]
+        except OSError:
+            if self._fd == fd:
+                try:
+                    self.new_segment()  # what follows is kept apart from the hole
+                except OSError:
+                    pass  # it failed the batches itself
+            if not self._failed or self._failed[-1][1] < upto:
+                self._fail_unsynced()
+            raise
         finally:
             self._task = None
             for old in self._retired:

@@ -96,6 +96,14 @@ def crash(queue: SendingQueue) -> None:
     queue._log._fd = -1
 
 
+def zero_from(path: str, at: int) -> None:
+    """Zeros in place of a file's bytes from ``at`` on (what a failed writeback leaves)."""
+    with open(path, "r+b") as f:
+        size = f.seek(0, os.SEEK_END)
+        f.seek(at)
+        f.write(bytes(size - at))
+
+
 class TestQueue:
     async def test_acknowledged_then_inserted_in_groups(self, tmp_path: Path) -> None:
         """Puts return once logged; what comes while a group is being inserted goes in the
@@ -344,6 +352,79 @@ class TestFsync:
         Path(segment_path(str(directory), 3)).write_bytes(record(FORGET, [7]))
         replay = queue_replay.read_back(str(directory), Log())
         assert replay.next_seq == 8 and not replay.records
+
+    async def test_what_a_failed_fsync_left_does_not_cut_off_later_batches(
+            self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Batch 2's fsync fails and its bytes never reach the disk (zeros where its record
+        was, header too: read back as a torn tail). Batch 3, acknowledged after, is in a
+        new segment, so it is not cut off with them; batch 2 is not inserted."""
+        store = Store()
+        store.gate = asyncio.Event()
+        qu = make(tmp_path, store, flush_interval=1000)
+        await qu.open(replay_timeout=1)
+        await qu.put(batch(1), 1, set(), None)
+        real = os.fsync
+        fail = [True]
+
+        def fsync(fd: int) -> None:
+            if fail[0]:
+                fail[0] = False
+                raise OSError(errno.EIO, "Input/output error")
+            real(fd)
+
+        monkeypatch.setattr(q.os, "fsync", fsync)
+        with pytest.raises(Retryable, match="cannot fsync"):
+            await qu.put(batch(20), 1, set(), None)
+        await qu.put(batch(3), 1, set(), None)  # acknowledged
+        first = qu._segments[0].path
+        crash(qu)
+        # batch 2's record, and anything after it
+        zero_from(first, len(q.record(q.DATA, [1, None, 1, [], batch(1)])))
+        store.gate = None
+        again = make(tmp_path, store)
+        await again.open(replay_timeout=2)
+        assert sorted(store.values()) == [1, 3]
+
+    async def test_an_fsync_error_taken_by_a_new_segment_is_not_an_acknowledgement(
+            self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Linux reports a writeback error once per open file, to whichever fsync of it
+        comes first. Batch 1's writeback fails while its group commit's fsync waits in the
+        thread; a put that starts a new segment fsyncs the same file on the loop and gets
+        the error; the group commit's fsync then succeeds: batch 1 must still be refused
+        (and forgotten on disk), not acknowledged."""
+        monkeypatch.setattr(queue_writer, "SEGMENT_BYTES", 300)
+        store = Store()
+        qu = make(tmp_path, store, flush_interval=1000)
+        await qu.open(replay_timeout=1)
+        real = os.fsync
+        pending_error: set[int] = set()  # descriptors with a writeback error not reported
+        in_thread = threading.Event()
+        release = threading.Event()
+
+        def fsync(fd: int) -> None:
+            if threading.current_thread() is not threading.main_thread():
+                in_thread.set()
+                release.wait(5)
+            if fd in pending_error:
+                pending_error.discard(fd)
+                raise OSError(errno.EIO, "Input/output error")
+            real(fd)
+
+        monkeypatch.setattr(q.os, "fsync", fsync)
+        first = asyncio.create_task(qu.put(batch(1), 1, set(), None))
+        while not in_thread.is_set():
+            await asyncio.sleep(0.001)
+        pending_error.add(qu._log._fd)  # batch 1's writeback failed
+        with pytest.raises(Retryable):  # starts a new segment, whose fsync gets the EIO
+            await qu.put(batch(*range(100)), 100, set(), None)
+        release.set()
+        with pytest.raises(Retryable):
+            await first
+        await qu.put(batch(7), 1, set(), None)
+        crash(qu)
+        again = make(tmp_path, store)
+        await again.open(replay_timeout=2)
+        assert store.values() == [7]
 
     async def test_a_new_segment_while_an_fsync_runs(
             self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
