@@ -426,6 +426,83 @@ class TestFsync:
         await again.open(replay_timeout=2)
         assert store.values() == [7]
 
+    async def test_a_batch_after_a_failed_rollover_is_not_failed_with_the_old_file(
+            self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        """The group commit's fsync of file A (batch 1) runs in the thread; a new
+        segment's fsync of A fails on the loop (batch 1 failed, a FORGET in file B).
+        Batch 3, appended to B, waits for that fsync of A, which then fails too: batch 3
+        is not failed with it (its record is in B, after the FORGET): another fsync
+        covers it, it is acknowledged and inserted once."""
+        monkeypatch.setattr(queue_writer, "SEGMENT_BYTES", 300)
+        store = Store()
+        store.gate = asyncio.Event()
+        qu = make(tmp_path, store, flush_interval=1000)
+        await qu.open(replay_timeout=1)
+        real = os.fsync
+        in_thread, release = threading.Event(), threading.Event()
+        fail = {"loop": 1, "thread": 1}
+
+        def fsync(fd: int) -> None:
+            if threading.current_thread() is not threading.main_thread():
+                in_thread.set()
+                release.wait(5)
+                if fail["thread"]:
+                    fail["thread"] -= 1
+                    raise OSError(errno.EIO, "Input/output error")
+            elif fail["loop"]:
+                fail["loop"] -= 1
+                raise OSError(errno.EIO, "Input/output error")
+            real(fd)
+
+        monkeypatch.setattr(q.os, "fsync", fsync)
+        first = asyncio.create_task(qu.put(batch(1), 1, set(), None))
+        while not in_thread.is_set():
+            await asyncio.sleep(0.001)
+        with pytest.raises(Retryable):  # a new segment, whose fsync of A fails
+            await qu.put(batch(*range(100)), 100, set(), None)
+        third = asyncio.create_task(qu.put(batch(3), 1, set(), None))
+        await asyncio.sleep(0.01)
+        release.set()
+        with pytest.raises(Retryable):
+            await first
+        await third  # acknowledged
+        await qu.put(batch(4), 1, set(), None)
+        crash(qu)
+        store.gate = None
+        again = make(tmp_path, store)
+        await again.open(replay_timeout=2)
+        assert sorted(store.values()) == [3, 4]
+
+    async def test_a_new_segment_that_cannot_be_made_is_tried_again(
+            self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        """After a failed fsync the next file cannot be created once (EMFILE): the next
+        put makes it, and the queue goes on (no descriptor left at -1 for good)."""
+        store = Store()
+        qu = make(tmp_path, store)
+        await qu.open(replay_timeout=1)
+        real_fsync, real_open = os.fsync, os.open
+        fail = {"fsync": 1, "open": 1}
+
+        def fsync(fd: int) -> None:
+            if fail["fsync"]:
+                fail["fsync"] -= 1
+                raise OSError(errno.EIO, "Input/output error")
+            real_fsync(fd)
+
+        def open_(path: Any, flags: int, mode: int = 0o777) -> int:
+            if fail["open"] and str(path).endswith(".log"):
+                fail["open"] -= 1
+                raise OSError(errno.EMFILE, "Too many open files")
+            return real_open(path, flags, mode)
+
+        monkeypatch.setattr(q.os, "fsync", fsync)
+        monkeypatch.setattr(q.os, "open", open_)
+        with pytest.raises(Retryable):
+            await qu.put(batch(1), 1, set(), None)
+        await qu.put(batch(2), 1, set(), None)
+        await asyncio.wait_for(qu.wait_empty(), 2)
+        assert store.values() == [2]
+
     async def test_a_new_segment_while_an_fsync_runs(
             self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         """Appends move to a new file while the fsync of the old one runs: that file is
