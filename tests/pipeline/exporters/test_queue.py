@@ -385,18 +385,30 @@ class TestFsync:
         await again.open(replay_timeout=2)
         assert sorted(store.values()) == [1, 3]
 
+    @pytest.mark.parametrize("creatable", [True, False])
     async def test_an_fsync_error_taken_by_a_new_segment_is_not_an_acknowledgement(
-            self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+            self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, creatable: bool) -> None:
         """Linux reports a writeback error once per open file, to whichever fsync of it
         comes first. Batch 1's writeback fails while its group commit's fsync waits in the
         thread; a put that starts a new segment fsyncs the same file on the loop and gets
-        the error; the group commit's fsync then succeeds: batch 1 must still be refused
-        (and forgotten on disk), not acknowledged."""
+        the error (and, not ``creatable``, the new file cannot be made either: a failing
+        disk); the group commit's fsync then succeeds: batch 1 must still be refused (and
+        forgotten on disk), not acknowledged."""
         monkeypatch.setattr(queue_writer, "SEGMENT_BYTES", 300)
         store = Store()
         qu = make(tmp_path, store, flush_interval=1000)
         await qu.open(replay_timeout=1)
         real = os.fsync
+        real_open = os.open
+        fail_open = [0 if creatable else 1]
+
+        def open_(path: Any, flags: int, mode: int = 0o777) -> int:
+            if fail_open[0] and str(path).endswith(".log"):
+                fail_open[0] -= 1
+                raise OSError(errno.EROFS, "Read-only file system")
+            return real_open(path, flags, mode)
+
+        monkeypatch.setattr(q.os, "open", open_)
         pending_error: set[int] = set()  # descriptors with a writeback error not reported
         in_thread = threading.Event()
         release = threading.Event()
