@@ -96,6 +96,20 @@ def crash(queue: SendingQueue) -> None:
     queue._log._fd = -1
 
 
+def fail_next_fsync(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The next fsync fails (EIO), the ones after it do not."""
+    real = os.fsync
+    fail = [True]
+
+    def fsync(fd: int) -> None:
+        if fail[0]:
+            fail[0] = False
+            raise OSError(errno.EIO, "Input/output error")
+        real(fd)
+
+    monkeypatch.setattr(q.os, "fsync", fsync)
+
+
 def zero_from(path: str, at: int) -> None:
     """Zeros in place of a file's bytes from ``at`` on (what a failed writeback leaves)."""
     with open(path, "r+b") as f:
@@ -321,16 +335,7 @@ class TestFsync:
         store = Store()
         qu = make(tmp_path, store)
         await qu.open(replay_timeout=1)
-        real = os.fsync
-        fail = [True]
-
-        def fsync(fd: int) -> None:
-            if fail[0]:
-                fail[0] = False
-                raise OSError(errno.EIO, "Input/output error")
-            real(fd)
-
-        monkeypatch.setattr(q.os, "fsync", fsync)
+        fail_next_fsync(monkeypatch)
         with pytest.raises(Retryable, match="cannot fsync"):
             await qu.put(batch(1), 1, set(), None)
         await qu.put(batch(2), 1, set(), None)
@@ -363,16 +368,7 @@ class TestFsync:
         qu = make(tmp_path, store, flush_interval=1000)
         await qu.open(replay_timeout=1)
         await qu.put(batch(1), 1, set(), None)
-        real = os.fsync
-        fail = [True]
-
-        def fsync(fd: int) -> None:
-            if fail[0]:
-                fail[0] = False
-                raise OSError(errno.EIO, "Input/output error")
-            real(fd)
-
-        monkeypatch.setattr(q.os, "fsync", fsync)
+        fail_next_fsync(monkeypatch)
         with pytest.raises(Retryable, match="cannot fsync"):
             await qu.put(batch(20), 1, set(), None)
         await qu.put(batch(3), 1, set(), None)  # acknowledged
