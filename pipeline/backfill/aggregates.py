@@ -164,10 +164,12 @@ async def rebuild(store: Store, tenant: str, lo_s: int, hi_s: int) -> None:
         raise ConfigError(f"cluster: the aggregates cannot be rebuilt on a cluster schema yet "
                           f"({store.database}.{distributed[0][0]} is a Distributed table; "
                           "its rows must be deleted from each shard's local table)")
-    waiting: set[tuple[str, str]] | None = None
-    for sql, parameters in plan(store.database, tenant, lo_s, hi_s):
-        if sql.startswith("INSERT") and waiting is None:
-            waiting = await mutations_done(store, list(AGGREGATES))
+    steps = plan(store.database, tenant, lo_s, hi_s)
+    deletes = len(AGGREGATES)  # the plan's first statements
+    for sql, parameters in steps[:deletes]:
+        await store.command(sql, parameters)
+    await mutations_done(store, list(AGGREGATES))
+    for sql, parameters in steps[deletes:]:
         await store.command(sql, parameters)
 
 
@@ -180,7 +182,7 @@ async def _pending(store: Store, tables: list[str]) -> list[tuple[str, str, str]
 
 
 async def mutations_done(store: Store, tables: list[str], timeout_s: float = 600.0,
-                         poll_s: float = 0.02) -> set[tuple[str, str]]:
+                         poll_s: float = 0.02) -> None:
     """Return once the mutations of ``tables`` not done when called are done (this run's
     DELETEs, and any before them, which a part applies first; not those other runs make
     meanwhile); RuntimeError naming the table and ClickHouse's reason if one is still not
@@ -190,7 +192,7 @@ async def mutations_done(store: Store, tables: list[str], timeout_s: float = 600
     while True:
         rows = [r for r in await _pending(store, tables) if (r[0], r[1]) in mine]
         if not rows:
-            return mine
+            return
         if time.monotonic() >= deadline:
             table, mutation, reason = rows[0]
             raise RuntimeError(f"aggregates: {len(rows)} DELETE mutations not done after "

@@ -234,8 +234,8 @@ WHERE tenant = {{tenant:String}} AND {smp_r} AND trace_id = '' AND span_id != ''
         if int(hi) > 0:
             fig.touch(int(lo))
             fig.touch(int(hi))
-        await _delete(store, ROW_TABLES, scope, params)
-        await mutations_done(store, list(ROW_TABLES))
+        if deleted := await _delete(store, ROW_TABLES, scope, params):
+            await mutations_done(store, deleted)
         await _write(u.tenant, out, [], send, fig)
         stored = await _rows(store, """
 SELECT sum(cpu_ns) FROM {db}.span_attribution FINAL WHERE tenant = {tenant:String}
@@ -282,20 +282,23 @@ WHERE tenant = {{tenant:String}} AND ServiceName = {{svc:String}} AND {own_r}"""
     minutes = [Unattributed(u.service, int.from_bytes(r.span_id, "big"), r.cpu_ns, r.wall_ns,
                             r.sample_count, SOURCE)
                for r in rows if r.method == UNATTRIBUTED]
-    await _delete(store, ROW_TABLES,
-                  "tenant = {tenant:String} AND method IN {m:Array(String)} AND "
-                  "(trace_id, span_id) IN (SELECT TraceId, SpanId FROM {db}.otel_traces "
-                  "WHERE tenant = {tenant:String} AND ServiceName = {svc:String} AND "
-                  f"{own_r})", {**p, "m": list(keep)})
+    deleted = await _delete(
+        store, ROW_TABLES,
+        "tenant = {tenant:String} AND method IN {m:Array(String)} AND "
+        "(trace_id, span_id) IN (SELECT TraceId, SpanId FROM {db}.otel_traces "
+        "WHERE tenant = {tenant:String} AND ServiceName = {svc:String} AND "
+        f"{own_r})", {**p, "m": list(keep)})
     lo_m, hi_m = _minutes(u.lo_ns), _minutes(u.hi_ns)
     if owned:  # their rows, old and new, start in the unit
         fig.touch(u.lo_ns)
         fig.touch(u.hi_ns - 1)
-    await _delete(store, ("unattributed_cpu",),
-                  "tenant = {tenant:String} AND service = {svc:String} AND "
-                  "minute >= toDateTime({lo:UInt32}) AND minute < toDateTime({hi:UInt32})",
-                  {**p, "lo": lo_m, "hi": hi_m})
-    await mutations_done(store, [*ROW_TABLES, "unattributed_cpu"])
+    deleted += await _delete(store, ("unattributed_cpu",),
+                             "tenant = {tenant:String} AND service = {svc:String} AND "
+                             "minute >= toDateTime({lo:UInt32}) AND "
+                             "minute < toDateTime({hi:UInt32})",
+                             {**p, "lo": lo_m, "hi": hi_m})
+    if deleted:
+        await mutations_done(store, deleted)
     await _write(u.tenant, out, minutes, send, fig)
     (got_cpu, ), = await _rows(store, f"""
 SELECT (SELECT sum(cpu_ns) FROM {{db}}.span_attribution FINAL WHERE tenant = {{tenant:String}}
@@ -311,23 +314,24 @@ SELECT (SELECT sum(cpu_ns) FROM {{db}}.span_attribution FINAL WHERE tenant = {{t
 
 
 async def _delete(store: Store, tables: tuple[str, ...], where: str,
-                  params: dict[str, Any]) -> None:
-    """Delete the rows ``where`` selects from each of ``tables`` that has any: a
-    lightweight ``DELETE`` costs a mutation of every part even when it matches nothing
-    (most of a backfill's time into an empty store, were it run regardless). Not waited
-    for one by one (each waited about a second for background merges): the caller waits
-    for all of a unit's with ``mutations_done`` before it writes (rows written after a
-    DELETE are never touched by it, but a DELETE that cannot be done must fail the unit
-    before its rows are added, and one whose WHERE reads otel_traces reads it when it
-    runs)."""
+                  params: dict[str, Any]) -> list[str]:
+    """Delete the rows ``where`` selects from each of ``tables`` that has any (those tables are
+    returned): a lightweight ``DELETE`` costs a mutation of every part even when it matches
+    nothing (most of a backfill's time into an empty store, were it run regardless). Not
+    waited for one by one (each waited about a second for background merges): the caller
+    waits for all of a unit's (``mutations_done`` on the tables returned) before it writes
+    (rows written after a DELETE are never touched by it, but a DELETE that cannot be done
+    must fail the unit before its rows are added, and one whose WHERE reads otel_traces
+    reads it when it runs)."""
     where = where.replace("{db}", store.database)
     counts = " UNION ALL ".join(
         f"SELECT {i}, count() FROM (SELECT 1 FROM {store.database}.{t} WHERE {where} LIMIT 1)"
         for i, t in enumerate(tables))
-    for i, n in (await store.query(counts, params))[1]:
-        if n:
-            await store.command(f"DELETE FROM {store.database}.{tables[int(i)]} WHERE {where} "
-                                "SETTINGS lightweight_deletes_sync = 0", params)
+    deleted = [tables[int(i)] for i, n in (await store.query(counts, params))[1] if n]
+    for table in deleted:
+        await store.command(f"DELETE FROM {store.database}.{table} WHERE {where} "
+                            "SETTINGS lightweight_deletes_sync = 0", params)
+    return deleted
 
 
 def _minutes(ns: int) -> int:
