@@ -199,10 +199,15 @@ class TestQueue:
         await qu.put(batch(1), 1, set(), None)
         await qu.close(within=1)
 
-    async def test_disk_refusing_is_retryable_and_leaves_no_record(
-            self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-        """A write the disk refuses (full) is answered retryable; the log holds no trace of
-        it, and the next put goes in."""
+    @pytest.mark.parametrize(("fault", "refusal"), [("write", "No space left"),
+                                                    ("fsync", "cannot fsync")])
+    async def test_a_refused_put_is_never_inserted_and_the_next_goes_in(
+            self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fault: str,
+            refusal: str) -> None:
+        """A write the disk refuses (full), or an fsync that fails, is answered retryable
+        and its batch forgotten: never inserted, not after a restart either (the client
+        sends it again: a refused write leaves no record, a failed fsync a FORGET one);
+        the next put goes in, once."""
         store = Store()
         qu = make(tmp_path, store)
         await qu.open(replay_timeout=1)
@@ -211,8 +216,11 @@ class TestQueue:
         def full(fd: int, data: bytes) -> int:
             raise OSError(28, "No space left on device")
 
-        monkeypatch.setattr(q.os, "write", full)
-        with pytest.raises(Retryable, match="No space left"):
+        if fault == "write":
+            monkeypatch.setattr(q.os, "write", full)
+        else:
+            fail_next_fsync(monkeypatch)
+        with pytest.raises(Retryable, match=refusal):
             await qu.put(batch(5), 1, set(), None)
         monkeypatch.setattr(q.os, "write", real)
         await qu.put(batch(6), 1, set(), None)
@@ -326,25 +334,6 @@ class TestFsync:
         assert len(fsyncs) < 40  # shared: far fewer fsyncs than puts
         await asyncio.wait_for(qu.wait_empty(), 5)
         assert sorted(store.values()) == list(range(40))
-
-    async def test_a_failed_fsync_refuses_its_puts_and_the_next_ones_go_in(
-            self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-        """The disk failing an fsync: the puts it covered are told to retry and forgotten
-        (their rows never inserted: the client sends them again); later puts are logged,
-        acknowledged and inserted, also after a restart, once."""
-        store = Store()
-        qu = make(tmp_path, store)
-        await qu.open(replay_timeout=1)
-        fail_next_fsync(monkeypatch)
-        with pytest.raises(Retryable, match="cannot fsync"):
-            await qu.put(batch(1), 1, set(), None)
-        await qu.put(batch(2), 1, set(), None)
-        await asyncio.wait_for(qu.wait_empty(), 2)
-        assert store.values() == [2]
-        crash(qu)
-        again = make(tmp_path, store)
-        await again.open(replay_timeout=2)
-        assert store.values() == [2]
 
     def test_a_forgotten_number_is_not_given_again(self, tmp_path: Path) -> None:
         """A FORGET record whose batch's record is gone (its segment deleted) still keeps
