@@ -42,9 +42,10 @@ def free_port() -> int:
 
 def pipeline_yaml(grpc_port: int, admin_port: int, data: Path, grace: str = "1s",
                   extra_connector: str = "", exporter_extra: str = "", http_port: int = 0,
-                  pyroscope_port: int = 0) -> str:
+                  pyroscope_port: int = 0, receiver_extra: str = "") -> str:
     """The embedded pipeline of config/local.yaml on free ports (the OTLP/HTTP and
-    Pyroscope receivers only when given a port)."""
+    Pyroscope receivers only when given a port); ``receiver_extra``: more keys of the
+    ``otlp`` receiver (e.g. its ``intake``)."""
     http = f"""
       http:
         endpoint: 127.0.0.1:{http_port}""" if http_port else ""
@@ -54,6 +55,7 @@ def pipeline_yaml(grpc_port: int, admin_port: int, data: Path, grace: str = "1s"
     return f"""
 receivers:
   otlp:
+    {receiver_extra}
     protocols:
       grpc:
         endpoint: 127.0.0.1:{grpc_port}{http}{pyroscope}

@@ -5,6 +5,7 @@ however often the client resends it (``idempotency.py``)."""
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
@@ -36,16 +37,25 @@ class HttpReceiver:
         self.port: int | None = None
         # resent requests delivered once; clients not kept waiting on a failing store
         self.recent = RecentRequests(stalled=getattr(ctx.store, "stalled", None))
+        self.intake: Any = None  # the receiver's intake log (intake.py), if it has one
+
+    def records(self, signal: str) -> bool:
+        """Whether a request is decoded into records before it is answered: not when it
+        is logged in an intake (checked as a gateway does; decoded behind)."""
+        return self.intake is None and self.ctx.records.get(signal, True)
 
     async def deliver_once(self, signal: str, batch: Any, tenant: str,
-                           *key_parts: bytes | str) -> None:
+                           *key_parts: bytes | str,
+                           log: Callable[[int], Awaitable[None]] | None = None) -> None:
         """Hand ``batch`` on, as ``tenant``'s, unless the same request (``key_parts``: what
         identifies it, e.g. its path and body) of the same tenant is being delivered or was
-        delivered lately; see ``pipeline/receivers/idempotency.py``."""
+        delivered lately; see ``pipeline/receivers/idempotency.py``. With ``log`` the
+        request is logged by it (given its key: ``Intake.put``) instead."""
         batch.tenant = tenant
         key = tenant_request_key(tenant, *key_parts)
         batch.requests = [(key, len(batch))]  # stored with the rows (a restart knows it)
-        if await self.recent.deliver(key, lambda: self.ctx.next[signal].consume(batch)):
+        if await self.recent.deliver(key, (lambda: log(key)) if log is not None else
+                                     (lambda: self.ctx.next[signal].consume(batch))):
             self.metrics["duplicate_requests"] += 1
         else:
             self.ctx.tenants.count(tenant, f"accepted_{ITEMS[signal]}", len(batch))

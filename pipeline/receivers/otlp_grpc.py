@@ -142,6 +142,7 @@ class GrpcServer:
         self._in_flight = 0
         # resent requests delivered once; clients not kept waiting on a failing store
         self.recent = RecentRequests(stalled=getattr(ctx.store, "stalled", None))
+        self.intake: Any = None  # the receiver's intake log (intake.py), if it has one
 
     def __repr__(self) -> str:
         return f"<GrpcServer {self.ctx.id} port={self.port} {dict(self.metrics)}>"
@@ -185,12 +186,18 @@ class GrpcServer:
                       **({} if native.AVAILABLE else {"native_missing": native.WHY_NOT}))
 
     async def _deliver(self, signal: str, batch: Any, context: grpc.aio.ServicerContext,
-                       key: int) -> None:
+                       key: int, rejected: int, data: bytes) -> None:
         batch.requests = [(key, len(batch))]  # stored with the rows (a restart knows it)
+        if self.intake is not None:  # logged, decoded and delivered behind
+            def send() -> Any:
+                return self.intake.put(signal, batch.tenant, key, "pb", rejected, data)
+        else:
+            def send() -> Any:
+                return self.ctx.next[signal].consume(batch)
         try:
             # a resent request (its first attempt still on its way, or stored already) is
             # delivered once: pipeline/receivers/idempotency.py
-            if await self.recent.deliver(key, lambda: self.ctx.next[signal].consume(batch)):
+            if await self.recent.deliver(key, send):
                 self.metrics["duplicate_requests"] += 1
                 return
         except InvalidData as err:
@@ -235,7 +242,8 @@ class GrpcServer:
                                context: grpc.aio.ServicerContext, tenant: str) -> bytes:
         """Parse, validate, deliver and answer one Export call."""
         request_type, response_type, decode, rejected_field = _SERVICES[signal]
-        records = self.ctx.records.get(signal, True)
+        # logged in an intake: checked as a gateway does, decoded behind
+        records = self.intake is None and self.ctx.records.get(signal, True)
         limit_key = "max_spans_per_request" if signal == "traces" else "max_samples_per_request"
         try:
             decoded = take_request(
@@ -252,7 +260,8 @@ class GrpcServer:
         if len(decoded.batch):
             decoded.batch.tenant = tenant
             await self._deliver(signal, decoded.batch, context,
-                                tenant_request_key(tenant, signal, data))
+                                tenant_request_key(tenant, signal, data), decoded.rejected,
+                                data)
         resp = response_type()
         if decoded.rejected:
             self.metrics[f"refused_{rejected_field.split('_', 1)[1]}"] += decoded.rejected

@@ -52,7 +52,7 @@ CLIENT_FAULTS = (InvalidData, DecodeError, json_format.ParseError, ValueError, T
                  RecursionError, OverflowError)
 
 
-def _parse(body: bytes, request_type: Any, is_json: bool) -> Any:
+def parse_body(body: bytes, request_type: Any, is_json: bool) -> Any:
     """The request message; JSON through pipeline/otlp/jsonwire.py (strict UTF-8, no lone
     surrogates, bounded depth, hex ids)."""
     if is_json:
@@ -122,8 +122,8 @@ class HttpServer(HttpReceiver):
                                    self.cfg.max_decompressed_bytes)
             self.ctx.tenants.charge(request[TENANT], len(body))
             decoded = take_request(
-                signal, body, records=self.ctx.records.get(signal, True),
-                parse=lambda b: _parse(b, request_type, is_json), decode=decode,
+                signal, body, records=self.records(signal),
+                parse=lambda b: parse_body(b, request_type, is_json), decode=decode,
                 wire=None if is_json else body, limit=getattr(self.cfg, limit_key),
                 key=limit_key)
         except TooLarge as err:
@@ -158,9 +158,12 @@ class HttpServer(HttpReceiver):
         has it (or says when to retry)."""
         signal, request_type, _, rejected_field = route
         items = ITEMS[signal]
+        log = None if self.intake is None else \
+            (lambda key: self.intake.put(signal, tenant, key, "json" if is_json else "pb",
+                                         decoded.rejected, body))
         try:
             if len(decoded.batch):
-                await self.deliver_once(signal, decoded.batch, tenant, path, body)
+                await self.deliver_once(signal, decoded.batch, tenant, path, body, log=log)
         except InvalidData as err:
             self.metrics[f"refused_{items}"] += len(decoded.batch)
             return self._error(400, str(err), is_json)

@@ -58,16 +58,20 @@ def _stored(data: Path) -> tuple[int, int, dict[str, int]]:
 
 
 class TestResendAfterCrash:
-    @pytest.mark.parametrize("queue", [False, True], ids=["inserted", "sending_queue"])
+    @pytest.mark.parametrize("queue,intake", [(False, False), (True, False), (True, True)],
+                             ids=["inserted", "sending_queue", "intake"])
     def test_a_request_resent_to_the_restarted_process_is_stored_once(
-            self, tmp_path: Path, queue: bool) -> None:
+            self, tmp_path: Path, queue: bool, intake: bool) -> None:
         """Both requests are stored (acknowledged: the client may not have heard it), the
         process is SIGKILLed, started again, and the client sends both again: the answers
         are successes, and every table holds them once. With the sending queue, killed as
         soon as the client heard back: the log is inserted at the restart, before the
-        receiver reads the ids of the requests it has."""
+        receiver reads the ids of the requests it has. With the receiver's intake too: the
+        requests may not even be decoded when the process dies; the restart delivers
+        what its intake log holds and answers the resends as duplicates."""
         p = SpanprofProcess(tmp_path, grace="1s",
-                            exporter_extra="sending_queue: {enabled: true}" if queue else "")
+                            exporter_extra="sending_queue: {enabled: true}" if queue else "",
+                            receiver_extra="intake: {}" if intake else "")
         p.start()
         traces, profiles, want = _requests()
         _send(p, traces, profiles)

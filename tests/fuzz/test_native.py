@@ -20,11 +20,13 @@ from opentelemetry.proto.collector.profiles.v1development.profiles_service_pb2 i
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from pipeline import native
+from pipeline.errors import InvalidData
 from pipeline.kafka.buckets import Buckets
 from pipeline.otlp.profiles import decode_profiles
 from pipeline.otlp.traces import decode_traces
 from pipeline.otlp.wire import split_trace_bytes
 from pipeline.otlp.wire_profiles import split_profile_bytes
+from pipeline.receivers.otlp_request import take_request
 from tests.fuzz import strategies as S
 from tests.fuzz.support import FUZZ, count
 
@@ -144,3 +146,37 @@ def profiles_agree(data: bytes) -> None:
 def test_native_profile_split_agrees_with_python(data: bytes) -> None:
     count("otlp_profiles_native")
     profiles_agree(data)
+
+
+def intake_agrees(signal: str, data: bytes) -> None:
+    """The ``otlp`` receiver's intake (pipeline/receivers/intake.py) answers after a
+    gateway's check of the bytes (natively where it can) and decodes into records behind:
+    both must refuse the same items with the same message, or the request alike."""
+    req_type, decode = ((ExportTraceServiceRequest, decode_traces) if signal == "traces"
+                        else (ExportProfilesServiceRequest, decode_profiles))
+    got = []
+    for records in (False, True):
+        try:
+            d = take_request(signal, data, records=records, parse=req_type.FromString,
+                             decode=decode, wire=data, limit=0, key="")
+            got.append((len(d.batch), d.rejected, d.message))
+        except (DecodeError, InvalidData) as err:
+            got.append((type(err).__name__,))
+    _note(f"intake {signal}: {'refused' if len(got[0]) == 1 else 'checked'}")
+    assert got[0] == got[1], got
+
+
+@FUZZ
+@given(st.one_of(S.trace_requests(tame=True).map(_encoded), S.trace_requests().map(_encoded),
+                 S.mutated(S.trace_requests(tame=True)), st.binary(max_size=200)))
+def test_intake_check_agrees_with_decoding_traces(data: bytes) -> None:
+    count("otlp_traces_intake")
+    intake_agrees("traces", data)
+
+
+@FUZZ
+@given(st.one_of(S.profile_requests(tame=True).map(_encoded),
+                 S.profile_requests().map(_encoded), S.mutated(S.profile_requests(tame=True))))
+def test_intake_check_agrees_with_decoding_profiles(data: bytes) -> None:
+    count("otlp_profiles_intake")
+    intake_agrees("profiles", data)

@@ -227,6 +227,14 @@ class ClickHouseExporter:
             return None
         return self.writer.retry_in()
 
+    async def settled(self) -> None:
+        """Return once the rows its sending queue held at start are in ClickHouse (at
+        once without a queue): from then on the stored request ids
+        (``receivers/idempotency.stored_request_ids``) include every request stored before
+        the start."""
+        if self.queue is not None:
+            await self.queue.wait_through(self.queue.replayed_upto)
+
     def _metric(self, name: str, n: int) -> None:
         self.metrics[name] += n
 

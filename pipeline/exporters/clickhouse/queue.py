@@ -88,6 +88,8 @@ class SendingQueue:
         self._next_gid = 1
         self._wake = asyncio.Event()
         self._emptied = asyncio.Event()
+        self._progress = asyncio.Event()  # a group done (``wait_through``)
+        self.replayed_upto = 0  # the last sequence number read back at start
         self._close_ev = asyncio.Event()  # wakes a drainer waiting to retry
         self._closing = False
         self._give_up_at: float | None = None
@@ -131,6 +133,7 @@ class SendingQueue:
         self._segments[:] = r.segments  # the list the writer appends to
         self._records, self._groups = r.records, r.groups
         self._next_seq, self._next_gid = r.next_seq, r.next_gid
+        self.replayed_upto = max(r.records, default=0)
         self._group_of = {s: g.gid for g in r.groups for s in g.seqs}
         self.waiting_bytes = sum(rec.size for rec in r.records.values())
         self.waiting_rows = sum(rec.rows for rec in r.records.values())
@@ -331,6 +334,7 @@ class SendingQueue:
                 self._forget(s)
             self.metric("queue_inserted_rows", rows)
             self._delete_done_segments(keep_current=True)
+            self._progress.set()
             if not self._records:
                 self._emptied.set()
 
@@ -370,6 +374,13 @@ class SendingQueue:
             self._emptied.clear()
             self._wake.set()
             await self._emptied.wait()
+
+    async def wait_through(self, seq: int) -> None:
+        """Return once every batch up to sequence number ``seq`` is inserted (whatever
+        came after it)."""
+        while self._records and next(iter(self._records)) <= seq:
+            self._progress.clear()
+            await self._progress.wait()
 
     async def close(self, within: float) -> None:
         """Insert what waits (for at most ``within`` seconds: what is left stays in the log

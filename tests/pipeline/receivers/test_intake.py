@@ -1,0 +1,314 @@
+"""The intake log (pipeline/receivers/intake.py): answered once logged, delivered behind,
+once, across crashes and failing disks."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pipeline.errors import InvalidData, Retryable
+from pipeline.exporters.clickhouse import queue_writer
+from pipeline.otlp.traces import Decoded
+from pipeline.receivers.intake import Intake, IntakeConfig
+
+
+class Batch(list[bytes]):
+    tenant = ""
+    requests: list[tuple[int, int]] = []
+
+
+def decode(signal: str, fmt: str, body: bytes) -> Decoded:
+    """A request's 'items': its body's lines; a line 'bad' is refused."""
+    lines = body.split(b"\n")
+    return Decoded(Batch(x for x in lines if x != b"bad"), lines.count(b"bad"), "")
+
+
+class Pipeline:
+    """Records what it is given; ``gate`` holds deliveries; ``fail`` is raised (per body)."""
+
+    def __init__(self) -> None:
+        self.got: list[tuple[str, bytes, str, int]] = []
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.fail: dict[bytes, list[Exception]] = {}
+        self.running = 0
+        self.most = 0
+
+    async def deliver(self, signal: str, batch: Batch) -> None:
+        self.running += 1
+        self.most = max(self.most, self.running)
+        try:
+            await self.gate.wait()
+            body = b"\n".join(batch)
+            errs = self.fail.get(body)
+            if errs:
+                raise errs.pop(0)
+            self.got.append((signal, body, batch.tenant, batch.requests[0][0]))
+        finally:
+            self.running -= 1
+
+
+def make(tmp: Path, pipe: Pipeline, store: Any = None, segment_bytes: int | None = None,
+         **cfg: Any) -> Intake:
+    return Intake(str(tmp / "intake"), IntakeConfig(**cfg), decode, pipe.deliver, store,
+                  _Log(), segment_bytes=segment_bytes)
+
+
+class _Log:
+    def __init__(self) -> None:
+        self.events: list[tuple[str, dict[str, Any]]] = []
+
+    def __getattr__(self, level: str) -> Any:
+        return lambda event, **kw: self.events.append((event, kw))
+
+
+async def crash(intake: Intake) -> None:
+    """What a SIGKILL leaves: the log as written, nothing delivered or closed after."""
+    assert intake._task is not None
+    for t in [intake._task, *intake._running]:
+        t.cancel()
+    await asyncio.sleep(0)
+    intake._log.close()
+    intake._io.shutdown(wait=True)
+
+
+async def put(intake: Intake, body: bytes, key: int | None = None,
+              rejected: int = 0) -> None:
+    await intake.put("traces", "t1", key if key is not None else hash(body) & 0xFFFF,
+                     "pb", rejected, body)
+
+
+class TestIntake:
+    async def test_answered_once_logged_then_delivered_in_order(self, tmp_path: Path) -> None:
+        """``put`` returns while the pipeline holds every delivery; what was logged is then
+        delivered in order, with its tenant and key, and the log's files go once done."""
+        pipe = Pipeline()
+        pipe.gate.clear()
+        intake = make(tmp_path, pipe, concurrency=1)
+        assert await intake.open() == []
+        for i in range(5):
+            await asyncio.wait_for(put(intake, b"span%d" % i, key=100 + i), 2)
+        assert pipe.got == [] and len(intake) == 5
+        pipe.gate.set()
+        await asyncio.wait_for(intake.wait_idle(), 5)
+        assert [g[1] for g in pipe.got] == [b"span%d" % i for i in range(5)]
+        assert {(g[2], g[3]) for g in pipe.got} == {("t1", 100 + i) for i in range(5)}
+        await intake.close()
+        assert len(os.listdir(tmp_path / "intake")) == 1  # the current segment only
+
+    async def test_crash_before_delivery_delivered_at_next_start(
+            self, tmp_path: Path) -> None:
+        """Logged, answered, then killed before the pipeline had it: the next start
+        delivers each request once (and says which it read back); the pipeline's refusal
+        of an item is as the check said."""
+        pipe = Pipeline()
+        pipe.gate.clear()
+        first = make(tmp_path, pipe)
+        await first.open()
+        await put(first, b"a\nbad", key=1, rejected=1)
+        await put(first, b"b", key=2)
+        await crash(first)
+        assert pipe.got == []
+        pipe2 = Pipeline()
+        second = make(tmp_path, pipe2)
+        assert sorted(await second.open()) == [1, 2]
+        await asyncio.wait_for(second.wait_idle(), 5)
+        assert sorted(g[1] for g in pipe2.got) == [b"a", b"b"]
+        assert not [e for e, _ in second.log.events if e == "intake_check_differs"]
+        await second.close()
+        pipe3 = Pipeline()
+        third = make(tmp_path, pipe3)
+        assert await third.open() == []  # done: never again
+        await third.close()
+        assert pipe3.got == []
+
+    async def test_delivered_before_the_crash_not_again(self, tmp_path: Path) -> None:
+        """Delivered (its rows in the store) but killed before its done record: the next
+        start asks the store, once the store's own queue has inserted what it held, and
+        delivers only what the store lacks."""
+        pipe = Pipeline()
+        first = make(tmp_path, pipe)
+        await first.open()
+        first._done = lambda rec: None  # type: ignore[method-assign]  # no done record
+        await put(first, b"stored", key=7)
+        await put(first, b"lost", key=8)
+        for _ in range(100):
+            if len(pipe.got) == 2:
+                break
+            await asyncio.sleep(0.01)
+        await crash(first)
+        store = FakeStore(stored=[7])
+        pipe2 = Pipeline()
+        second = make(tmp_path, pipe2, store=store)
+        assert sorted(await second.open()) == [7, 8]
+        await asyncio.sleep(0.05)
+        assert pipe2.got == [] and store.calls == ["settled"]  # waits for the store first
+        store.settle.set()
+        await asyncio.wait_for(second.wait_idle(), 5)
+        assert [g[1] for g in pipe2.got] == [b"lost"]
+        assert store.calls == ["settled", "query"]
+        await second.close()
+
+    async def test_failed_fsync_refused_and_never_delivered(
+            self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        """A request whose fsync fails is refused (retry), and neither this process nor
+        the next start delivers it, though its bytes are on disk beside a request the next
+        start does deliver."""
+        pipe = Pipeline()
+        pipe.gate.clear()
+        intake = make(tmp_path, pipe)
+        await intake.open()
+        await put(intake, b"held", key=1)  # same file as the refused one, not done
+        real = os.fsync
+        fail = [True]
+
+        def fsync(fd: int) -> None:
+            if fail[0]:
+                fail[0] = False
+                raise OSError(errno.EIO, "Input/output error")
+            real(fd)
+
+        monkeypatch.setattr(queue_writer.os, "fsync", fsync)
+        with pytest.raises(Retryable, match="cannot fsync"):
+            await put(intake, b"refused", key=2)
+        await put(intake, b"next", key=3)
+        await asyncio.sleep(0.05)
+        await crash(intake)
+        assert pipe.got == []
+        pipe2 = Pipeline()
+        again = make(tmp_path, pipe2)
+        assert sorted(await again.open()) == [1, 3]
+        await asyncio.wait_for(again.wait_idle(), 5)
+        await again.close()
+        assert sorted(g[1] for g in pipe2.got) == [b"held", b"next"]
+
+    async def test_full_is_refused_with_a_delay(self, tmp_path: Path) -> None:
+        """Beyond max_mib waiting to be delivered: Retryable with a delay; room again once
+        the pipeline takes what waits."""
+        pipe = Pipeline()
+        pipe.gate.clear()
+        intake = make(tmp_path, pipe, max_mib=1)
+        await intake.open()
+        await put(intake, b"x" * 700_000, key=1)
+        with pytest.raises(Retryable, match="intake is full") as err:
+            await put(intake, b"y" * 700_000, key=2)
+        assert err.value.retry_after > 0
+        pipe.gate.set()
+        await asyncio.wait_for(intake.wait_idle(), 5)
+        await put(intake, b"y" * 700_000, key=2)
+        await asyncio.wait_for(intake.wait_idle(), 5)
+        assert len(pipe.got) == 2 and intake.metrics["intake_refused_requests"] == 1
+        await intake.close()
+
+    async def test_retryable_retried_permanent_quarantined(self, tmp_path: Path) -> None:
+        """A retryable refusal is tried again after its delay; a permanent one is not
+        retried forever: its bytes are kept under quarantine/, logged, and the requests
+        behind it go on."""
+        pipe = Pipeline()
+        pipe.fail[b"later"] = [Retryable("busy", retry_after=0.01)] * 2
+        pipe.fail[b"never"] = [InvalidData("refused for good")]
+        intake = make(tmp_path, pipe, concurrency=1)
+        await intake.open()
+        for body in (b"later", b"never", b"after"):
+            await put(intake, body)
+        await asyncio.wait_for(intake.wait_idle(), 5)
+        assert [g[1] for g in pipe.got] == [b"later", b"after"]
+        assert intake.metrics["intake_delivery_retries"] == 2
+        kept = os.listdir(tmp_path / "intake" / "quarantine")
+        assert len(kept) == 1 and kept[0].endswith("-traces.pb")
+        assert (tmp_path / "intake" / "quarantine" / kept[0]).read_bytes() == b"never"
+        (event, kw), = [e for e in intake.log.events if e[0] == "intake_request_quarantined"]
+        assert "refused for good" in kw["error"] and kw["path"].endswith(kept[0])
+        await intake.close()
+        pipe2 = Pipeline()
+        again = make(tmp_path, pipe2)
+        assert await again.open() == []
+        await again.close()
+
+    async def test_concurrency_bounded(self, tmp_path: Path) -> None:
+        """At most ``concurrency`` requests are in the pipeline at once."""
+        pipe = Pipeline()
+        pipe.gate.clear()
+        intake = make(tmp_path, pipe, concurrency=3)
+        await intake.open()
+        for i in range(10):
+            await put(intake, b"r%d" % i)
+        await asyncio.sleep(0.05)
+        assert pipe.running == 3
+        pipe.gate.set()
+        await asyncio.wait_for(intake.wait_idle(), 5)
+        assert pipe.most == 3 and len(pipe.got) == 10
+        await intake.close()
+
+    async def test_close_leaves_what_cannot_be_delivered(self, tmp_path: Path) -> None:
+        """At shutdown a pipeline that keeps refusing does not hold the process: what is
+        left stays logged, refused to new requests, and goes at the next start."""
+        pipe = Pipeline()
+        pipe.fail[b"stuck"] = [Retryable("down", retry_after=0.05)] * 1000
+        intake = make(tmp_path, pipe)
+        await intake.open()
+        pipe.gate.clear()
+        await put(intake, b"slow", key=4)
+        await put(intake, b"stuck", key=5)
+        asyncio.get_running_loop().call_later(0.1, pipe.gate.set)
+        await asyncio.wait_for(intake.close(within=0.3), 3)
+        assert [g[1] for g in pipe.got] == [b"slow"]  # delivered while closing
+        with pytest.raises(Retryable, match="shutting down"):
+            await put(intake, b"late")
+        pipe2 = Pipeline()
+        again = make(tmp_path, pipe2)
+        assert await again.open() == [5]
+        await asyncio.wait_for(again.wait_idle(), 5)
+        assert [g[1] for g in pipe2.got] == [b"stuck"]
+        await again.close()
+
+    async def test_segments_roll_over_and_go_once_done(self, tmp_path: Path) -> None:
+        """Many requests across small segments: all delivered once, after a crash too, and
+        only segments holding undelivered requests stay."""
+        pipe = Pipeline()
+        pipe.gate.clear()
+        intake = make(tmp_path, pipe, segment_bytes=4096, concurrency=2)
+        await intake.open()
+        for i in range(40):
+            await put(intake, b"%03d" % i + b"." * 500, key=i + 1)
+        assert len(os.listdir(tmp_path / "intake")) > 4
+        pipe.gate.set()
+        for _ in range(200):
+            if len(pipe.got) >= 20:
+                break
+            await asyncio.sleep(0.005)
+        await crash(intake)
+        pipe2 = Pipeline()
+        again = make(tmp_path, pipe2, segment_bytes=4096)
+        replayed = await again.open()
+        await asyncio.wait_for(again.wait_idle(), 5)
+        assert sorted({g[3] for g in pipe.got} | {g[3] for g in pipe2.got}) == \
+            list(range(1, 41))
+        assert not {g[3] for g in pipe.got} & set(replayed)
+        await again.close()
+        assert len(os.listdir(tmp_path / "intake")) == 1
+
+
+class FakeStore:
+    """The parts of the clickhouse exporter the intake uses: ``settled`` (held until
+    ``settle`` is set) and ``query`` (the stored request ids)."""
+
+    database = "db"
+
+    def __init__(self, stored: list[int]) -> None:
+        self.stored = stored
+        self.settle = asyncio.Event()
+        self.calls: list[str] = []
+
+    async def settled(self) -> None:
+        self.calls.append("settled")
+        await self.settle.wait()
+
+    async def query(self, sql: str, parameters: Any = None) -> tuple[list[str], list[Any]]:
+        self.calls.append("query")
+        return ["request"], [(k,) for k in self.stored]
