@@ -40,6 +40,7 @@ chromium:
 bench: venv chromium
 	$(BIN)/python bench/bench_pipeline.py
 	$(BIN)/python bench/bench_pipeline.py --no-queue
+	$(BIN)/python bench/bench_pipeline.py --intake
 	@# issue #16's two latency/memory figures: RSS at 10 k spans/s past the 60 s grace,
 	@# and the acknowledgement p99 at half that load
 	$(BIN)/python bench/bench_latency.py --seconds 60
