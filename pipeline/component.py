@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeAlias, runtime_checkable
@@ -111,10 +112,15 @@ class Fanout:
     """Delivers one batch to several consumers of one pipeline.
 
     Exporters go first, together; connectors (e.g. the correlator) only once every exporter
-    has stored the raw data. A client that is told to retry therefore never feeds the
-    correlator the same batch twice, so attribution cannot double count a retried request.
-    Status is the worst of all: ``InvalidData`` over ``Retryable`` over success.
+    has stored the raw data. A connector that cannot take a batch for now (the correlator's
+    output backed up) says so before anything is stored (``admit``), so that the batch is
+    refused whole and its retry stores nothing twice; one that refuses for now all the same
+    once the exporters have stored the batch is given it again here, with the delay it asks
+    for (for up to ``THEN_RETRY_S``), not the exporters. Status is the worst of all:
+    ``InvalidData`` over ``Retryable`` over success.
     """
+
+    THEN_RETRY_S = 60.0
 
     def __init__(self, first: Sequence[Consumer], then: Sequence[Consumer] = ()) -> None:
         self.first = list(first)
@@ -124,16 +130,36 @@ class Fanout:
         return f"<Fanout first={len(self.first)} then={len(self.then)}>"
 
     async def consume(self, batch: Batch) -> None:
-        for group in (self.first, self.then):
-            if not group:
-                continue
-            if len(group) == 1:
-                await group[0].consume(batch)
-                continue
-            results = await asyncio.gather(
-                *(c.consume(batch) for c in group), return_exceptions=True
-            )
-            raise_worst(results)
+        for c in self.then:
+            admit = getattr(c, "admit", None)
+            if admit is not None:
+                admit()  # raises Retryable before the exporters store anything
+        await self._all(self.first, batch)
+        if not self.then:
+            return
+        give_up = time.monotonic() + self.THEN_RETRY_S
+        todo = list(self.then)
+        while True:
+            results = await asyncio.gather(*(c.consume(batch) for c in todo),
+                                           return_exceptions=True)
+            if not any(isinstance(r, BaseException) for r in results):
+                return
+            if any(isinstance(r, BaseException) and not isinstance(r, Retryable)
+                   for r in results):
+                raise_worst(results)
+            delay = max(r.retry_after for r in results if isinstance(r, Retryable))
+            if time.monotonic() + delay > give_up:
+                raise_worst(results)
+            todo = [c for c, r in zip(todo, results, strict=True) if isinstance(r, Retryable)]
+            await asyncio.sleep(delay)
+
+    @staticmethod
+    async def _all(group: Sequence[Consumer], batch: Batch) -> None:
+        if len(group) == 1:
+            await group[0].consume(batch)
+        elif group:
+            raise_worst(await asyncio.gather(*(c.consume(batch) for c in group),
+                                             return_exceptions=True))
 
 
 def raise_worst(results: Sequence[object]) -> None:

@@ -90,6 +90,22 @@ async def stored_request_ids(store: Any, seconds: float = RECENT_S,
     return [int(r[0]) for r in rows]
 
 
+async def stored_among(store: Any, keys: list[int], since: float,
+                       chunk: int = 2_000) -> set[int]:
+    """Which of the request ids ``keys`` have rows stored since unix time ``since``
+    (``otel_traces`` and ``profile_samples``), whatever their number."""
+    db = store.database
+    found: set[int] = set()
+    for i in range(0, len(keys), chunk):
+        ids = ",".join(str(int(k)) for k in keys[i:i + chunk])
+        where = f"ingested_at >= toDateTime({int(since)}) AND request IN ({ids})"
+        _, rows = await store.query(
+            f"SELECT DISTINCT request FROM {db}.otel_traces WHERE {where} UNION DISTINCT "
+            f"SELECT DISTINCT request FROM {db}.profile_samples WHERE {where}")
+        found.update(int(r[0]) for r in rows)
+    return found
+
+
 class RecentRequests:
     """Deliveries in flight and recently done, by request key (see the module docstring)."""
 

@@ -16,24 +16,28 @@ Nothing answered is lost, nothing is delivered twice:
 * a request whose fsync failed is refused (the client retries) and named in a ``FORGET``
   record: never delivered, though its bytes may be on disk;
 * the drainer takes a request only once its fsync is done;
+* a *done* record the disk refused is written again before the next record;
 * at start the log is read back; a request not done is delivered again, unless the
   pipeline's store holds its rows already (delivered, the process killed before its *done*
-  record): the store is asked once its own sending queue has inserted what it held
-  (``settled``), and the rows carry their request's id
-  (``receivers/idempotency.stored_request_ids``). A pipeline without a store (a gateway
-  writing to Kafka) gets such a request again: at least once, as a resend would be;
-* a logged request the pipeline refuses for good (``InvalidData``: the check before the
-  answer and the decoding after it disagree, which tests rule out, or a bug) is not
-  retried forever: its bytes are kept in ``quarantine/`` beside the log and the error is
-  logged with the file's name. A retryable refusal (the memory limiter, a full sending
-  queue) is retried with the delay it asks for.
+  record): the store is asked, for those requests' ids, once its own sending queue has
+  inserted what it held (``settled``; rows carry their request's id), and asked again
+  until it answers. New requests are delivered meanwhile. A pipeline without a store (a
+  gateway writing to Kafka) gets such a request again: at least once, as a resend would;
+* a retryable refusal by the pipeline (the memory limiter, a full sending queue, the
+  correlator backed up: ``Fanout`` asks it before storing, so a retry stores nothing
+  twice) is retried with the delay it asks for, for as long as it lasts (the log then
+  fills and new requests are refused: backpressure). A request refused for good
+  (``InvalidData``: the check before the answer and the decoding after it disagree, which
+  tests rule out), or failing with any other error ``ERROR_TRIES`` times in a row (a bug),
+  is not retried forever: its bytes are kept in ``quarantine/`` beside the log, under a
+  name never used before, and the error is logged with the file's name.
 
 Backpressure: ``max_mib`` bounds the requests logged and not yet delivered (they are kept
 in memory as their bytes too); beyond it a request is refused with a retryable status and
 a delay, as when the disk refuses a write.
 
 Records (``queue_log``'s framing): ``REQUEST`` ``[seq, signal, tenant, key, format,
-rejected, body]``, ``DONE`` ``seq``, ``FORGET`` ``[seq, ...]``.
+rejected, unix time, body]``, ``DONE`` ``[seq, ...]``, ``FORGET`` ``[seq, ...]``.
 """
 
 from __future__ import annotations
@@ -50,7 +54,7 @@ from typing import Any
 import msgspec
 
 from pipeline.config import PositiveInt
-from pipeline.errors import ConfigError, Retryable
+from pipeline.errors import ConfigError, InvalidData, Retryable
 from pipeline.exporters.clickhouse.queue_log import (
     DONE,
     FORGET,
@@ -60,10 +64,16 @@ from pipeline.exporters.clickhouse.queue_log import (
     segments,
 )
 from pipeline.exporters.clickhouse.queue_writer import LogWriter
-from pipeline.receivers.idempotency import stored_request_ids
+from pipeline.receivers.idempotency import stored_among
+from pipeline.records import concat
 
 REQUEST = 5
 CLOSE_WITHIN_S = 30.0  # at shutdown, delivering what is logged for at most this long
+ERROR_TRIES = 5  # an error neither retryable nor InvalidData: tried this often, then kept
+STORE_MARGIN_S = 60.0  # rows stored at most this long before their request was logged
+GROUP_BYTES = 4 << 20  # requests handed on as one batch: up to this many bytes ...
+GROUP_REQUESTS = 512  # ... and this many requests
+LEFT = "left"  # a delivery cut short by the shutdown: the request stays logged
 
 
 class IntakeConfig(msgspec.Struct, forbid_unknown_fields=True):
@@ -84,12 +94,13 @@ class Logged:
     key: int
     fmt: str  # "pb" (protobuf as received) or "json"
     rejected: int  # items the check before the answer refused
+    at: float  # unix time it was logged
     body: bytes
     segment: int
     size: int
 
 
-_PAYLOAD = tuple[int, str, str, int, str, int, bytes]  # a REQUEST record's
+_PAYLOAD = tuple[int, str, str, int, str, int, float, bytes]  # a REQUEST record's
 Decode = Callable[[str, str, bytes], Any]  # (signal, format, body) -> Decoded
 Deliver = Callable[[str, Any], Awaitable[None]]  # (signal, batch)
 
@@ -111,6 +122,7 @@ class Intake:
         self._records: dict[int, Logged] = {}  # logged, not done
         self._ready: deque[Logged] = deque()  # synced, not yet handed on
         self._replayed: list[Logged] = []
+        self._done_unwritten: list[int] = []  # done, their DONE record not written yet
         self._next_seq = 1
         self.waiting_bytes = 0
         self._wake = asyncio.Event()
@@ -118,8 +130,10 @@ class Intake:
         self._slots = asyncio.Semaphore(cfg.concurrency)
         self._running: set[asyncio.Task[None]] = set()
         self._closing = False
+        self._close_ev = asyncio.Event()  # cuts retry waits short
         self._give_up_at: float | None = None
         self._task: asyncio.Task[None] | None = None
+        self._replay_task: asyncio.Task[None] | None = None
 
     def __repr__(self) -> str:
         return f"<Intake {self.directory} waiting={len(self._records)}>"
@@ -147,6 +161,9 @@ class Intake:
             self.log.info("intake_replay", requests=len(self._replayed),
                           bytes=self.waiting_bytes, directory=self.directory)
         self._task = asyncio.create_task(self._drain(), name=f"intake-{self.directory}")
+        if self._replayed:
+            self._replay_task = asyncio.create_task(self._replay(self._replayed),
+                                                    name=f"intake-replay-{self.directory}")
         return [r.key for r in self._replayed]
 
     def _read_all(self) -> None:
@@ -164,9 +181,9 @@ class Intake:
                         self.log.error("intake_record_unreadable", path=path, offset=offset,
                                        error=str(err)[:200])
                         continue
-                    seq, signal, tenant, key, fmt, rejected, body = p
-                    self._records[seq] = Logged(seq, signal, tenant, key, fmt, rejected, body,
-                                                number, size)
+                    seq, signal, tenant, key, fmt, rejected, at, body = p
+                    self._records[seq] = Logged(seq, signal, tenant, key, fmt, rejected, at,
+                                                body, number, size)
                     seg.pending += 1
                     top = max(top, seq)
                 elif kind == DONE or kind == FORGET:
@@ -196,13 +213,15 @@ class Intake:
         even after a crash). ``Retryable`` when the log is full or the disk refuses."""
         if self._closing:
             raise Retryable("intake: shutting down")
-        framed = record(REQUEST, [self._next_seq, signal, tenant, key, fmt, rejected, body])
+        at = time.time()
+        framed = record(REQUEST, [self._next_seq, signal, tenant, key, fmt, rejected, at, body])
         if self._records and self.waiting_bytes + len(framed) > self.max_bytes:
             self._metric("intake_refused_requests")
             raise Retryable(f"intake is full ({self.waiting_bytes >> 20} MiB waiting to be "
                             f"delivered, intake.max_mib={self.max_bytes >> 20})",
                             retry_after=1.0)
         seq = self._next_seq
+        self._write_done()
         try:
             size = self._log.append(framed, seq)
         except OSError as err:
@@ -211,7 +230,7 @@ class Intake:
                             retry_after=5.0) from err
         del framed
         self._next_seq += 1
-        rec = Logged(seq, signal, tenant, key, fmt, rejected, body,
+        rec = Logged(seq, signal, tenant, key, fmt, rejected, at, body,
                      self._segments[-1].number, size)
         self._records[seq] = rec
         self._segments[-1].pending += 1
@@ -223,6 +242,12 @@ class Intake:
             self._metric("intake_refused_requests")
             raise Retryable(f"intake: cannot fsync {self.directory}: {err}",
                             retry_after=5.0) from err
+        except RuntimeError as err:  # closed under it (past the receivers' grace)
+            if not self._closing:
+                raise
+            # fsynced by close and delivered at the next start, or not: a resend then is
+            # a duplicate either way (its key is remembered from the log)
+            raise Retryable("intake: shutting down") from err
         self._metric("intake_logged_requests")
         self._ready.append(rec)
         self._wake.set()
@@ -230,11 +255,6 @@ class Intake:
     # ---- delivering ----------------------------------------------------------------------
 
     async def _drain(self) -> None:
-        if self._replayed:
-            await self._skip_stored(self._replayed)
-            self._ready.extendleft(reversed([r for r in self._replayed
-                                             if r.seq in self._records]))
-            self._replayed = []
         while True:
             if not self._ready:
                 if not self._records:
@@ -245,32 +265,72 @@ class Intake:
                 await self._wake.wait()
                 continue
             await self._slots.acquire()
-            rec = self._ready.popleft()
-            task = asyncio.create_task(self._hand_on(rec))
+            if not self._ready:  # taken by another pass meanwhile
+                self._slots.release()
+                continue
+            task = asyncio.create_task(self._hand_on(self._take_group()))
             self._running.add(task)
 
-    async def _skip_stored(self, replayed: list[Logged]) -> None:
-        """Requests read back whose rows the store holds were delivered before the crash:
-        done, not delivered again."""
-        if self.store is None:
-            return
-        try:
-            settled = getattr(self.store, "settled", None)
-            if settled is not None:
-                await settled()
-            stored = set(await stored_request_ids(self.store))
-        except Exception as err:  # delivered again: at least once rather than lost
-            self.log.warning("intake_store_unreadable", error=str(err)[:300])
-            return
+    async def _replay(self, replayed: list[Logged]) -> None:
+        """The requests read back at start, less those whose rows the store holds
+        (delivered before the crash: done, not delivered again), handed on."""
+        stored = await self._stored(replayed)
         skipped = [r for r in replayed if r.key in stored]
         for r in skipped:
             self._done(r)
-        self._metric("intake_replayed_requests", len(replayed) - len(skipped))
+        again = [r for r in replayed if r.seq in self._records]
+        self._metric("intake_replayed_requests", len(again))
         self.log.info("intake_replay_checked", requests=len(replayed), stored=len(skipped))
+        self._ready.extendleft(reversed(again))
+        self._replayed = []
+        self._wake.set()
 
-    async def _hand_on(self, rec: Logged) -> None:
+    async def _stored(self, replayed: list[Logged]) -> set[int]:
+        """Which of ``replayed``'s request ids the store holds, asked once its own queue
+        has inserted what it held at start; asked again until it answers (a store that
+        cannot be read now must not make them delivered twice)."""
+        if self.store is None:
+            return set()
+        delay = 0.5
+        while True:
+            try:
+                settled = getattr(self.store, "settled", None)
+                if settled is not None:
+                    await settled()
+                since = min(r.at for r in replayed) - STORE_MARGIN_S
+                return await stored_among(self.store, [r.key for r in replayed], since)
+            except Exception as err:
+                self.log.warning("intake_store_unreadable", error=str(err)[:300],
+                                 retry_in_s=delay)
+            await asyncio.sleep(delay)
+            delay = min(30.0, delay * 2)
+
+    def _take_group(self) -> list[Logged]:
+        """The next requests to hand on together: the first ready one and those after it
+        of the same signal and tenant, up to ``GROUP_BYTES`` / ``GROUP_REQUESTS`` (one
+        batch, one pass through the pipeline: the drain keeps up with a burst of small
+        requests however long each pass waits for its insert)."""
+        first = self._ready.popleft()
+        group, rest, size = [first], [], len(first.body)
+        while self._ready and len(group) < GROUP_REQUESTS and size < GROUP_BYTES:
+            r = self._ready.popleft()
+            if (r.signal, r.tenant) == (first.signal, first.tenant):
+                group.append(r)
+                size += len(r.body)
+            else:
+                rest.append(r)
+        self._ready.extendleft(reversed(rest))
+        return group
+
+    async def _hand_on(self, group: list[Logged]) -> None:
         try:
-            await self._hand_on_once(rec)
+            decoded: list[tuple[Logged, Any]] = []
+            for rec in group:
+                batch = self._decoded(rec)
+                if batch is not None:
+                    decoded.append((rec, batch))
+                await asyncio.sleep(0)  # the receivers' requests in between
+            await self._deliver_group(decoded)
         finally:
             task = asyncio.current_task()
             if task is not None:
@@ -278,57 +338,109 @@ class Intake:
             self._slots.release()
             self._wake.set()
 
-    async def _hand_on_once(self, rec: Logged) -> None:
+    def _decoded(self, rec: Logged) -> Any:
+        """The request's batch, named as its tenant's and by its id; None when it cannot
+        be decoded (kept aside)."""
         try:
             decoded = self._decode(rec.signal, rec.fmt, rec.body)
         except Exception as err:
             self._quarantine(rec, err)
-            return
+            return None
         if decoded.rejected != rec.rejected:
             self.log.error("intake_check_differs", signal=rec.signal, seq=rec.seq,
                            checked=rec.rejected, decoded=decoded.rejected,
                            reason=str(decoded.message)[:300])
         batch = decoded.batch
-        delay = 0.25
-        while len(batch):
-            batch.tenant = rec.tenant
-            batch.requests = [(rec.key, len(batch))]  # stored with the rows
+        batch.tenant = rec.tenant
+        batch.requests = [(rec.key, len(batch))]  # stored with the rows
+        return batch
+
+    async def _deliver_group(self, decoded: list[tuple[Logged, Any]]) -> None:
+        """Hand the group's batches on as one; done once the pipeline has it. Refused for
+        good: each request alone, so that only the one at fault is kept aside."""
+        batches = [b for _, b in decoded if len(b)]
+        err = await self._deliver_retrying(concat(batches), decoded[0][0]) if batches \
+            else None
+        if err == LEFT:
+            return
+        if err is None:
+            for rec, _ in decoded:
+                self._done(rec)
+            self._metric("intake_delivered_requests", len(decoded))
+        elif len(decoded) > 1:
+            for one in decoded:
+                await self._deliver_group([one])
+        else:
+            assert isinstance(err, Exception)  # noqa: S101 - LEFT and None are handled
+            self._quarantine(decoded[0][0], err)
+
+    async def _deliver_retrying(self, batch: Any, first: Logged) -> Exception | str | None:
+        """Deliver ``batch``, again while the pipeline refuses it for now; None once it is
+        taken, ``LEFT`` when closing cut it short (it stays logged), or the error that
+        refused it for good (``InvalidData``, or another ``ERROR_TRIES`` times)."""
+        delay, errors, retries = 0.25, 0, 0
+        while True:
             try:
-                await self._deliver(rec.signal, batch)
-                break
+                await self._deliver(first.signal, batch)
+                return None
             except Retryable as err:
                 delay = err.retry_after or min(30.0, delay * 2)
-                if self._closing and self._give_up_at is not None and \
-                        time.monotonic() + delay >= self._give_up_at:
-                    return  # left in the log: delivered at the next start
-                self._metric("intake_delivery_retries")
+                if retries % 10 == 0:
+                    self.log.warning("intake_delivery_refused", signal=first.signal,
+                                     seq=first.seq, error=str(err)[:300], retries=retries)
+                retries += 1
+            except InvalidData as err:
+                return err
+            except Exception as err:  # a bug: a few more tries, then kept aside
+                errors += 1
+                if errors >= ERROR_TRIES:
+                    return err
+                self.log.error("intake_delivery_failed", signal=first.signal, seq=first.seq,
+                               error=f"{type(err).__name__}: {str(err)[:300]}", tries=errors)
+                delay = min(30.0, delay * 2)
+            if self._closing and self._give_up_at is not None and \
+                    time.monotonic() + delay >= self._give_up_at:
+                return LEFT  # left in the log: delivered at the next start
+            self._metric("intake_delivery_retries")
+            if self._closing:
                 await asyncio.sleep(delay)
-            except Exception as err:
-                self._quarantine(rec, err)
-                return
-        self._done(rec)
-        self._metric("intake_delivered_requests")
+                continue
+            try:  # close() cuts the wait short: one more try at once
+                await asyncio.wait_for(self._close_ev.wait(), timeout=delay)
+            except TimeoutError:
+                pass
 
     def _done(self, rec: Logged) -> None:
         if self._drop(rec.seq) is None:
             return
-        try:
-            self._log.append(record(DONE, rec.seq))
-        except OSError as err:  # a lost DONE costs a check against the store at start
-            self.log.warning("intake_write_failed", error=str(err), directory=self.directory)
+        self._done_unwritten.append(rec.seq)
+        self._write_done()
         self._delete_done_segments(keep_current=True)
         if not self._records:
             self._idle.set()
+
+    def _write_done(self) -> None:
+        """The DONE record of what was delivered since the last one written; kept for the
+        next try when the disk refuses it (lost, the request would be delivered again at
+        the next start, unless the store has its rows)."""
+        if not self._done_unwritten:
+            return
+        try:
+            self._log.append(record(DONE, self._done_unwritten))
+            self._done_unwritten = []
+        except OSError as err:
+            self.log.warning("intake_write_failed", error=str(err), directory=self.directory)
 
     def _quarantine(self, rec: Logged, err: Exception) -> None:
         """A request the pipeline refuses for good: its bytes kept beside the log, the
         error logged with where they are (never retried forever, never dropped unsaid)."""
         self._metric("intake_quarantined_requests")
         where = os.path.join(self.directory, "quarantine")
-        path = os.path.join(where, f"{rec.seq:012d}-{rec.signal}.{rec.fmt}")
+        # never an earlier one's name (sequence numbers start again with an empty log)
+        path = os.path.join(where, f"{time.time_ns()}-{rec.seq}-{rec.signal}.{rec.fmt}")
         try:
             os.makedirs(where, exist_ok=True)
-            with open(path, "wb") as f:
+            with open(path, "xb") as f:
                 f.write(rec.body)
         except OSError as werr:
             path = f"not kept: {werr}"
@@ -345,6 +457,9 @@ class Intake:
                 os.unlink(seg.path)
             except FileNotFoundError:
                 pass
+            except OSError as err:  # left on disk: read back (and found done) at start
+                self.log.warning("intake_segment_not_deleted", path=seg.path,
+                                 error=str(err))
 
     async def wait_idle(self) -> None:
         """Return once every request logged so far is delivered (or quarantined)."""
@@ -358,6 +473,9 @@ class Intake:
         self._closing = True
         self._give_up_at = time.monotonic() + within
         self._wake.set()
+        self._close_ev.set()
+        if self._replay_task is not None and not self._replay_task.done():
+            self._replay_task.cancel()  # what it had not checked stays in the log
         if self._task is not None:
             try:
                 await asyncio.wait_for(asyncio.shield(self._task), timeout=within + 1)
@@ -368,5 +486,6 @@ class Intake:
             if self._records:
                 self.log.warning("intake_left_for_next_start", requests=len(self._records),
                                  bytes=self.waiting_bytes, directory=self.directory)
+        self._write_done()
         self._log.close()
         self._io.shutdown(wait=True)

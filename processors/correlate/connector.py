@@ -142,12 +142,17 @@ class SpanCorrelator:
             await self._recover(store)
         self._task = asyncio.create_task(self._run(), name=f"{self.ctx.id}-flush")
 
-    async def consume(self, batch: Batch) -> None:
+    def admit(self) -> None:
+        """``Retryable`` while this connector cannot take batches (``Fanout`` asks before
+        the exporters store a batch, so that a retry stores nothing twice)."""
         if self._stopped:
             raise Retryable(f"{self.ctx.id}: shutting down")
         if self.outbox_rows > self.cfg.max_entries:
             raise Retryable(f"{self.ctx.id}: attribution output is backed up "
                             f"({self.outbox_rows} rows waiting); retry later", retry_after=5.0)
+
+    async def consume(self, batch: Batch) -> None:
+        self.admit()
         if isinstance(batch, SpanBatch | ProfileBatch) and batch.origin:
             # from Kafka: write this block's rows now, before its offsets are committed. A
             # span block has none (names and durations are in otel_traces): its spans are

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
 
 import grpc
 import pytest
@@ -36,12 +39,23 @@ def _spans(worker: int, n: int) -> tuple[tps.ExportTraceServiceRequest, list[tup
     return req, keys
 
 
+@pytest.fixture(params=[False, True], ids=["answered_once_stored", "intake"])
+def process(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SpanprofProcess]:
+    """spanprof, with or without the otlp receiver's intake (then the requests answered
+    may not even be decoded when SIGTERM comes)."""
+    p = SpanprofProcess(tmp_path, receiver_extra="intake: {}" if request.param else "")
+    yield p
+    if p.proc is not None and p.proc.poll() is None:
+        p.stop(signal.SIGKILL)
+
+
 class TestGracefulStop:
-    def test_sigterm_under_load_loses_nothing_acknowledged(self, tmp_path: object,
-                                                           spanprof: SpanprofProcess) -> None:
+    def test_sigterm_under_load_loses_nothing_acknowledged(
+            self, process: SpanprofProcess) -> None:
         """Four clients send spans and linked samples; SIGTERM arrives mid-stream. The process
         exits 0, and every span and sample acknowledged with OK is in ClickHouse, with the
         attribution of each span equal to its stored samples."""
+        spanprof = process
         spanprof.start()
         acked_spans: list[tuple[bytes, bytes]] = []
         acked_cpu: dict[tuple[bytes, bytes], int] = defaultdict(int)
