@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import builtins
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeAlias, runtime_checkable
@@ -22,7 +21,7 @@ from typing import Any, Literal, Protocol, TypeAlias, runtime_checkable
 import msgspec
 import structlog
 
-from pipeline.errors import InvalidData, Retryable
+from pipeline.errors import InvalidData, PartlyStored, Retryable
 from pipeline.records import Batch, Signal
 from pipeline.tenants import Tenants
 
@@ -114,17 +113,20 @@ class Fanout:
     Exporters go first, together; connectors (e.g. the correlator) only once every exporter
     has stored the raw data. A connector that cannot take a batch for now (the correlator's
     output backed up) says so before anything is stored (``admit``), so that the batch is
-    refused whole and its retry stores nothing twice; one that refuses for now all the same
-    once the exporters have stored the batch is given it again here, with the delay it asks
-    for (for up to ``THEN_RETRY_S``), not the exporters. Status is the worst of all:
-    ``InvalidData`` over ``Retryable`` over success.
-    """
+    refused whole and its retry stores nothing twice.
 
-    THEN_RETRY_S = 60.0
+    Once any consumer has taken the batch, an error is never handed back as one that the
+    caller could retry (a client's resend, the intake's retry would store it again where
+    it was taken): a consumer refusing for now is given the batch again alone, with the
+    delay it asks for, for as long as that lasts (backpressure: the caller waits); one
+    refusing for good makes it ``PartlyStored`` (logged), which callers take as final.
+    Status when nothing was taken: the worst of all, ``InvalidData`` over ``Retryable``.
+    """
 
     def __init__(self, first: Sequence[Consumer], then: Sequence[Consumer] = ()) -> None:
         self.first = list(first)
         self.then = list(then)
+        self.log = structlog.get_logger().bind(component="fanout")
 
     def __repr__(self) -> str:
         return f"<Fanout first={len(self.first)} then={len(self.then)}>"
@@ -134,32 +136,41 @@ class Fanout:
             admit = getattr(c, "admit", None)
             if admit is not None:
                 admit()  # raises Retryable before the exporters store anything
-        await self._all(self.first, batch)
-        if not self.then:
-            return
-        give_up = time.monotonic() + self.THEN_RETRY_S
-        todo = list(self.then)
-        while True:
-            results = await asyncio.gather(*(c.consume(batch) for c in todo),
-                                           return_exceptions=True)
-            if not any(isinstance(r, BaseException) for r in results):
-                return
-            if any(isinstance(r, BaseException) and not isinstance(r, Retryable)
-                   for r in results):
-                raise_worst(results)
-            delay = max(r.retry_after for r in results if isinstance(r, Retryable))
-            if time.monotonic() + delay > give_up:
-                raise_worst(results)
-            todo = [c for c, r in zip(todo, results, strict=True) if isinstance(r, Retryable)]
-            await asyncio.sleep(delay)
+        await self._stage(self.first, batch, taken=False)
+        if self.then:
+            await self._stage(self.then, batch, taken=True)
 
-    @staticmethod
-    async def _all(group: Sequence[Consumer], batch: Batch) -> None:
-        if len(group) == 1:
-            await group[0].consume(batch)
-        elif group:
-            raise_worst(await asyncio.gather(*(c.consume(batch) for c in group),
-                                             return_exceptions=True))
+    async def _stage(self, group: Sequence[Consumer], batch: Batch, taken: bool) -> None:
+        """Deliver to each of ``group``; ``taken``: consumers before them have the batch."""
+        todo = list(group)
+        while True:
+            if len(todo) == 1:
+                try:
+                    await todo[0].consume(batch)
+                    return
+                except Exception as err:
+                    results: list[object] = [err]
+            else:
+                results = list(await asyncio.gather(*(c.consume(batch) for c in todo),
+                                                    return_exceptions=True))
+            failed = [(c, r) for c, r in zip(todo, results, strict=True)
+                      if isinstance(r, BaseException)]
+            if not failed:
+                return
+            taken = taken or len(failed) < len(todo)
+            if not taken:
+                raise_worst(results)  # nothing stored anywhere: the caller may retry
+            retry = [r for _, r in failed if isinstance(r, Retryable)]
+            if len(retry) < len(failed):
+                worst = next(r for _, r in failed if not isinstance(r, Retryable))
+                self.log.error("fanout_partly_stored", signal=batch.signal, items=len(batch),
+                               error=f"{type(worst).__name__}: {str(worst)[:300]}",
+                               refused_by=[type(c).__name__ for c, r in failed
+                                           if not isinstance(r, Retryable)])
+                raise PartlyStored(f"taken by some consumers, refused by another: "
+                                   f"{worst}") from worst
+            todo = [c for c, _ in failed]
+            await asyncio.sleep(max(r.retry_after for r in retry))
 
 
 def raise_worst(results: Sequence[object]) -> None:

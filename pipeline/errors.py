@@ -27,6 +27,11 @@ class InvalidData(SpanprofError):
     """The request itself is malformed; retrying it cannot succeed."""
 
 
+class PartlyStored(InvalidData):
+    """Some consumers of a fan-out took the batch and another refused it for good: giving
+    it again would store it twice where it was taken (``pipeline.component.Fanout``)."""
+
+
 class TooLarge(InvalidData):
     """The request is over a configured limit (size, decompressed size, items); the message
     names the config key."""

@@ -54,7 +54,7 @@ from typing import Any
 import msgspec
 
 from pipeline.config import PositiveInt
-from pipeline.errors import ConfigError, InvalidData, Retryable
+from pipeline.errors import ConfigError, InvalidData, PartlyStored, Retryable
 from pipeline.exporters.clickhouse.queue_log import (
     DONE,
     FORGET,
@@ -279,8 +279,7 @@ class Intake:
         (delivered before the crash: done, not delivered again), handed on."""
         stored = await self._stored(replayed)
         skipped = [r for r in replayed if r.key in stored]
-        for r in skipped:
-            self._done(r)
+        self._done(*skipped)
         again = [r for r in replayed if r.seq in self._records]
         self._metric("intake_replayed_requests", len(again))
         self.log.info("intake_replay_checked", requests=len(replayed), stored=len(skipped))
@@ -365,29 +364,40 @@ class Intake:
         batch.requests = [(rec.key, len(batch))]  # stored with the rows
         return batch
 
-    async def _deliver_group(self, decoded: list[tuple[Logged, Any]]) -> None:
+    async def _deliver_group(self, decoded: list[tuple[Logged, Any]],
+                             tries: int | None = None) -> None:
         """Hand the group's batches on as one; done once the pipeline has it. Refused for
-        good: each request alone, so that only the one at fault is kept aside."""
+        good with nothing stored: each request alone (tried once each), so that only the
+        one at fault is kept aside. Stored in part (``PartlyStored``: an exporter or the
+        correlator refused for good what another consumer took): done, logged, never
+        given again (it would be stored twice where it was taken)."""
+        recs = [rec for rec, _ in decoded]
         batches = [b for _, b in decoded if len(b)]
-        err = await self._deliver_retrying(concat(batches), decoded[0][0]) if batches \
-            else None
+        err = await self._deliver_retrying(concat(batches), recs[0],
+                                           tries or ERROR_TRIES) if batches else None
         if err == LEFT:
             return
+        if isinstance(err, PartlyStored):
+            self.log.error("intake_partly_delivered", signal=recs[0].signal,
+                           requests=[r.key for r in recs], error=str(err)[:300])
+            self._metric("intake_partly_delivered_requests", len(recs))
+            err = None
         if err is None:
-            for rec, _ in decoded:
-                self._done(rec)
-            self._metric("intake_delivered_requests", len(decoded))
+            self._done(*recs)
+            self._metric("intake_delivered_requests", len(recs))
         elif len(decoded) > 1:
             for one in decoded:
-                await self._deliver_group([one])
+                await self._deliver_group([one], tries=1)
         else:
             assert isinstance(err, Exception)  # noqa: S101 - LEFT and None are handled
-            self._quarantine(decoded[0][0], err)
+            self._quarantine(recs[0], err)
 
-    async def _deliver_retrying(self, batch: Any, first: Logged) -> Exception | str | None:
+    async def _deliver_retrying(self, batch: Any, first: Logged,
+                                tries: int) -> Exception | str | None:
         """Deliver ``batch``, again while the pipeline refuses it for now; None once it is
         taken, ``LEFT`` when closing cut it short (it stays logged), or the error that
-        refused it for good (``InvalidData``, or another ``ERROR_TRIES`` times)."""
+        refused it for good (``InvalidData``, ``PartlyStored``, or another error ``tries``
+        times)."""
         delay, errors, retries = 0.25, 0, 0
         while True:
             try:
@@ -403,7 +413,7 @@ class Intake:
                 return err
             except Exception as err:  # a bug: a few more tries, then kept aside
                 errors += 1
-                if errors >= ERROR_TRIES:
+                if errors >= tries:
                     return err
                 self.log.error("intake_delivery_failed", signal=first.signal, seq=first.seq,
                                error=f"{type(err).__name__}: {str(err)[:300]}", tries=errors)
@@ -420,10 +430,9 @@ class Intake:
             except TimeoutError:
                 pass
 
-    def _done(self, rec: Logged) -> None:
-        if self._drop(rec.seq) is None:
-            return
-        self._done_unwritten.append(rec.seq)
+    def _done(self, *recs: Logged) -> None:
+        """Delivered (or kept aside): one DONE record names them all."""
+        self._done_unwritten += [r.seq for r in recs if self._drop(r.seq) is not None]
         self._write_done()
         self._delete_done_segments(keep_current=True)
         if not self._records:

@@ -142,7 +142,7 @@ class TestIntake:
         pipe = Pipeline()
         first = make(tmp_path, pipe)
         await first.open()
-        first._done = lambda rec: None  # type: ignore[method-assign]  # no done record
+        first._done = lambda *recs: None  # type: ignore[method-assign]  # no done record
         await put(first, b"stored", key=7)
         await put(first, b"lost", key=8)
         for _ in range(100):
@@ -355,7 +355,7 @@ class TestIntakeRecovery:
         pipe = Pipeline()
         first = make(tmp_path, pipe)
         await first.open()
-        first._done = lambda rec: None  # type: ignore[method-assign]  # killed before DONE
+        first._done = lambda *recs: None  # type: ignore[method-assign]  # killed before DONE
         await put(first, b"stored", key=7)
         for _ in range(100):
             if pipe.got:
@@ -413,7 +413,8 @@ class TestIntakeRecovery:
     async def test_a_bug_is_tried_again_then_kept(self, tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
         """An error neither retryable nor InvalidData (a bug) is tried ERROR_TRIES times,
-        then the request is kept aside; once is not enough to lose it from the pipeline."""
+        then the requests handed on together go once each, and the one failing is kept
+        aside; once is not enough to lose a request from the pipeline."""
         monkeypatch.setattr(intake_mod, "ERROR_TRIES", 3)
         pipe = Pipeline()
         pipe.fail[b"once"] = [TypeError("flaky")]
@@ -458,6 +459,75 @@ class TestIntakeRecovery:
         await asyncio.wait_for(a.wait_idle(), 5)
         await a.close()
         assert stored == [9] and a.metrics["intake_delivery_retries"] == 2
+
+
+class Rows:
+    """An exporter storing every batch it is given: rows stored per request id."""
+
+    def __init__(self, refuse: int = 0) -> None:
+        self.rows: dict[int, int] = {}
+        self.refuse = refuse  # a request id this exporter refuses for good (Kafka: too big)
+
+    async def consume(self, batch: SpanBatch) -> None:
+        if any(k == self.refuse for k, _ in batch.requests):
+            raise InvalidData("one item is over producer.max_message_bytes")
+        for key, n in batch.requests:
+            self.rows[key] = self.rows.get(key, 0) + n
+
+
+class TestIntakeStoresOnce:
+    """What the second review found: paths where the intake's retries stored rows twice."""
+
+    @staticmethod
+    async def run(tmp_path: Path, fan: Fanout, keys: list[int]) -> Intake:
+        a = Intake(str(tmp_path / "intake"), IntakeConfig(concurrency=1), decode,
+                   lambda signal, batch: fan.consume(batch), None, _Log())
+        await a.open()
+        for k in keys:
+            await a.put("traces", "t1", k, "pb", 0, b"x%d" % k)
+        await asyncio.wait_for(a.wait_idle(), 5)
+        await a.close()
+        return a
+
+    async def test_one_exporter_refusing_what_another_stored(self, tmp_path: Path) -> None:
+        """Exporters [clickhouse, kafka], kafka refusing one request of a group for good:
+        nothing given twice; the group is logged as partly delivered, not split."""
+        ch, kafka = Rows(), Rows(refuse=13)
+        a = await self.run(tmp_path, Fanout([ch, kafka]), [11, 12, 13, 14])
+        assert ch.rows == {11: 1, 12: 1, 13: 1, 14: 1}
+        assert a.metrics["intake_partly_delivered_requests"] >= 1
+        assert not (tmp_path / "intake" / "quarantine").exists()
+
+    async def test_connector_failing_after_the_store(self, tmp_path: Path) -> None:
+        """The correlator failing (a bug) after the exporter stored: stored once."""
+        class Buggy:
+            def admit(self) -> None:
+                pass
+
+            async def consume(self, batch: Any) -> None:
+                raise KeyError("a bug")
+
+        ch = Rows()
+        await self.run(tmp_path, Fanout([ch], [Buggy()]), [21])
+        assert ch.rows == {21: 1}
+
+    async def test_connector_backed_up_after_the_store(self, tmp_path: Path) -> None:
+        """The correlator admitting the batch, then backed up by the time the exporter
+        has stored it (for longer than any retry deadline): waited out, stored once."""
+        class BackedUp:
+            refusals = 5
+
+            def admit(self) -> None:
+                pass
+
+            async def consume(self, batch: Any) -> None:
+                if self.refusals:
+                    self.refusals -= 1
+                    raise Retryable("attribution output is backed up", retry_after=0.01)
+
+        ch, conn = Rows(), BackedUp()
+        await self.run(tmp_path, Fanout([ch], [conn]), [31])
+        assert ch.rows == {31: 1} and conn.refusals == 0
 
 
 class FakeStore:
