@@ -36,7 +36,7 @@ Backpressure: ``max_mib`` bounds the requests logged and not yet delivered (they
 in memory as their bytes too); beyond it a request is refused with a retryable status and
 a delay, as when the disk refuses a write.
 
-Records (``queue_log``'s framing): ``REQUEST`` ``[seq, signal, tenant, key, format,
+Records (``pipeline/disklog``'s framing): ``REQUEST`` ``[seq, signal, tenant, key, format,
 rejected, unix time, body]``, ``DONE`` ``[seq, ...]``, ``FORGET`` ``[seq, ...]``.
 """
 
@@ -54,20 +54,13 @@ from typing import Any
 import msgspec
 
 from pipeline.config import PositiveInt
+from pipeline.disklog.segments import FORGET, Scan, Segment, record, segments
+from pipeline.disklog.writer import LogWriter
 from pipeline.errors import ConfigError, InvalidData, PartlyStored, Retryable
-from pipeline.exporters.clickhouse.queue_log import (
-    DONE,
-    FORGET,
-    Scan,
-    Segment,
-    record,
-    segments,
-)
-from pipeline.exporters.clickhouse.queue_writer import LogWriter
 from pipeline.receivers.idempotency import stored_among
 from pipeline.records import concat
 
-REQUEST = 5
+REQUEST, DONE = 5, 3  # and the writer's FORGET (4)
 CLOSE_WITHIN_S = 30.0  # at shutdown, delivering what is logged for at most this long
 ERROR_TRIES = 5  # an error neither retryable nor InvalidData: tried this often, then kept
 STORE_MARGIN_S = 60.0  # rows stored at most this long before their request was logged

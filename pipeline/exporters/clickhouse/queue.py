@@ -16,8 +16,9 @@ already has under that token, ``insert_deduplication_token``), the records of no
 form new groups. ``open`` does all that before returning: the exporter starts before the
 correlator, whose crash recovery reads what is stored (processors/correlate/recovery.py).
 
-The log is a series of numbered segment files (``queue_log.py`` has their format,
-``queue_writer.py`` appends and fsyncs, ``queue_replay.py`` reads them back at start). A
+The log is a series of numbered segment files (``pipeline/disklog``: their framing, and
+the writer that appends and fsyncs; ``queue_log.py`` has this queue's records,
+``queue_replay.py`` reads them back at start). A
 record that does not check out ends its segment (a torn write: it was never
 acknowledged). Segments are deleted oldest first once every record and group in them is
 done. ``max_mib`` bounds what is waiting: beyond it ``put`` refuses with a retryable
@@ -36,20 +37,11 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from pipeline.disklog.segments import PREFIX, Segment, record
+from pipeline.disklog.writer import LogWriter
 from pipeline.errors import Retryable
-from pipeline.exporters.clickhouse.queue_log import (
-    DATA,
-    DONE,
-    GROUP,
-    PREFIX,
-    Group,
-    QueueError,
-    Record,
-    Segment,
-    record,
-)
+from pipeline.exporters.clickhouse.queue_log import DATA, DONE, GROUP, Group, QueueError, Record
 from pipeline.exporters.clickhouse.queue_replay import read_back, with_tables
-from pipeline.exporters.clickhouse.queue_writer import LogWriter
 from pipeline.exporters.clickhouse.rows import Columns, StackKey, extend
 
 MAX_RECORD_BYTES = 1 << 30

@@ -1,6 +1,6 @@
 """Reading the sending queue's log back at start (``queue.py``): what waits, and how.
 
-Every segment is scanned in order (``queue_log.Scan``). What comes out is the records not
+Every segment is scanned in order (``queue_log.scan``). What comes out is the records not
 yet in ClickHouse (where each is in the log, not its tables: those are read when it is
 inserted), the groups logged before a crash that are not done (each to be inserted again
 as it was, under its token, with those of its records still waiting), each segment's count
@@ -19,18 +19,16 @@ from typing import Any
 
 import msgspec
 
+from pipeline.disklog.segments import FORGET, Segment, segments
 from pipeline.exporters.clickhouse.queue_log import (
     DATA,
     DONE,
-    FORGET,
     GROUP,
     Group,
     QueueError,
     Record,
-    Scan,
-    Segment,
     read_tables,
-    segments,
+    scan,
 )
 from pipeline.records import DEFAULT_TENANT
 
@@ -57,23 +55,23 @@ def read_back(directory: str, log: Any) -> Replay:
         out.segments.append(seg)
         with open(path, "rb") as f:
             data = f.read()
-        scan = Scan(data)
+        records = scan(data)
         try:
-            for kind, payload, size, offset in scan:
+            for kind, payload, size, offset in records:
                 _apply(out, kind, payload, seg, size, offset, logged, done)
                 if kind == FORGET:
                     forgotten.update(payload)
                 if kind == GROUP:
                     group_at[payload[0]] = (number, offset)
         except (msgspec.DecodeError, ValueError, TypeError, KeyError) as err:
-            raise QueueError(f"{path}: record at byte {scan.end} cannot be read: "
+            raise QueueError(f"{path}: record at byte {records.end} cannot be read: "
                              f"{err}") from err
-        for offset, size in scan.damaged:
+        for offset, size in records.damaged:
             # acknowledged, and lost: which batch it was cannot be read either (a group
             # naming it goes without it)
             log.error("queue_record_damaged", segment=path, offset=offset, bytes=size)
             damaged_at.append((number, offset))
-        at = scan.end
+        at = records.end
         if at != len(data):
             if i == len(files) - 1:
                 log.warning("queue_torn_tail", segment=path, offset=at,

@@ -14,9 +14,10 @@ from typing import Any
 
 import pytest
 
+from pipeline.disklog import writer as queue_writer
 from pipeline.errors import Retryable
 from pipeline.exporters.clickhouse import queue as q
-from pipeline.exporters.clickhouse import queue_replay, queue_writer
+from pipeline.exporters.clickhouse import queue_replay
 from pipeline.exporters.clickhouse.queue import SendingQueue
 
 
@@ -339,7 +340,7 @@ class TestFsync:
         """A FORGET record whose batch's record is gone (its segment deleted) still keeps
         its sequence number from being given to a new batch after a restart: else the next
         replay would drop that batch under it."""
-        from pipeline.exporters.clickhouse.queue_log import FORGET, record, segment_path
+        from pipeline.disklog.segments import FORGET, record, segment_path
 
         directory = tmp_path / "queue"
         directory.mkdir()
@@ -741,7 +742,8 @@ class TestMemory:
         """A GROUP record damaged after its group went in (its DONE intact): its batches
         are not inserted again at the next start (under a new token they would be stored
         twice); the batches of the groups after it are as they were."""
-        from pipeline.exporters.clickhouse.queue_log import GROUP, Scan
+        from pipeline.disklog.segments import Scan
+        from pipeline.exporters.clickhouse.queue_log import GROUP
 
         store = Store()
         qu = make(tmp_path, store)

@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 
 from pipeline.component import Fanout
+from pipeline.disklog import writer as queue_writer
+from pipeline.disklog.segments import HEADER
 from pipeline.errors import InvalidData, Retryable
-from pipeline.exporters.clickhouse import queue_writer
-from pipeline.exporters.clickhouse.queue_log import DONE, HEADER
 from pipeline.otlp.traces import Decoded
 from pipeline.receivers import intake as intake_mod
-from pipeline.receivers.intake import Intake, IntakeConfig
+from pipeline.receivers.intake import DONE, Intake, IntakeConfig
 from pipeline.records import SpanBatch
 
 

@@ -1,5 +1,6 @@
-"""The sending queue's writing end (``queue.py``): appends to numbered segment files, and
-``fsync`` shared by every append that comes while one is running (group commit).
+"""The writing end of a log (``segments.py``; the sending queue's, the intake's): appends
+to numbered segment files, and ``fsync`` shared by every append that comes while one is
+running (group commit).
 
 An acknowledgement waits for its ``fsync`` (p50 1.5 ms on this machine's disk) and for the
 event loop to come back to it. Handing the result from the ``fsync`` thread straight to
@@ -14,7 +15,7 @@ import asyncio
 import os
 from concurrent.futures import ThreadPoolExecutor
 
-from pipeline.exporters.clickhouse.queue_log import FORGET, Segment, record, segment_path
+from pipeline.disklog.segments import FORGET, Segment, record, segment_path
 
 SEGMENT_BYTES = 64 << 20
 
