@@ -104,3 +104,17 @@ class Segment:
     number: int
     path: str
     pending: int = 0  # records in it not done
+
+
+def delete_done(segments: list[Segment], keep_current: bool, log: Any) -> None:
+    """Delete the oldest segments while nothing in them is pending (the last, being
+    written, too unless ``keep_current``); a file that cannot be deleted now is logged and
+    left: read back at the next start, where nothing in it is pending either."""
+    while segments and segments[0].pending <= 0 and (not keep_current or len(segments) > 1):
+        seg = segments.pop(0)
+        try:
+            os.unlink(seg.path)
+        except FileNotFoundError:
+            pass
+        except OSError as err:
+            log.warning("log_segment_not_deleted", path=seg.path, error=str(err))

@@ -54,7 +54,7 @@ from typing import Any
 import msgspec
 
 from pipeline.config import PositiveInt
-from pipeline.disklog.segments import FORGET, Scan, Segment, record, segments
+from pipeline.disklog.segments import FORGET, Scan, Segment, delete_done, record, segments
 from pipeline.disklog.writer import LogWriter
 from pipeline.errors import ConfigError, InvalidData, PartlyStored, Retryable
 from pipeline.receivers.idempotency import stored_among
@@ -190,7 +190,7 @@ class Intake:
                 self.log.error("intake_record_damaged", path=path, offset=at, size=size)
         self._next_seq = top + 1
         self.waiting_bytes = sum(r.size for r in self._records.values())
-        self._delete_done_segments(keep_current=False)
+        delete_done(self._segments, False, self.log)
 
     def _drop(self, seq: int) -> Logged | None:
         r = self._records.pop(seq, None)
@@ -427,7 +427,7 @@ class Intake:
         """Delivered (or kept aside): one DONE record names them all."""
         self._done_unwritten += [r.seq for r in recs if self._drop(r.seq) is not None]
         self._write_done()
-        self._delete_done_segments(keep_current=True)
+        delete_done(self._segments, True, self.log)
         if not self._records:
             self._idle.set()
 
@@ -460,18 +460,6 @@ class Intake:
                        request=rec.key, error=f"{type(err).__name__}: {str(err)[:300]}",
                        path=path)
         self._done(rec)
-
-    def _delete_done_segments(self, keep_current: bool) -> None:
-        while self._segments and self._segments[0].pending <= 0 and \
-                (not keep_current or len(self._segments) > 1):
-            seg = self._segments.pop(0)
-            try:
-                os.unlink(seg.path)
-            except FileNotFoundError:
-                pass
-            except OSError as err:  # left on disk: read back (and found done) at start
-                self.log.warning("intake_segment_not_deleted", path=seg.path,
-                                 error=str(err))
 
     async def wait_idle(self) -> None:
         """Return once every request logged so far is delivered (or quarantined)."""

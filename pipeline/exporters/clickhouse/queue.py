@@ -37,7 +37,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from pipeline.disklog.segments import PREFIX, Segment, record
+from pipeline.disklog.segments import PREFIX, Segment, delete_done, record
 from pipeline.disklog.writer import LogWriter
 from pipeline.errors import Retryable
 from pipeline.exporters.clickhouse.queue_log import DATA, DONE, GROUP, Group, QueueError, Record
@@ -131,7 +131,7 @@ class SendingQueue:
         self.waiting_rows = sum(rec.rows for rec in r.records.values())
         self._wake.set()
         # segments that hold nothing waiting go at once
-        self._delete_done_segments(keep_current=False)
+        delete_done(self._segments, False, self.log)
 
     def _forget(self, seq: int) -> None:
         r = self._records.pop(seq, None)
@@ -325,7 +325,7 @@ class SendingQueue:
             for s in g.seqs:
                 self._forget(s)
             self.metric("queue_inserted_rows", rows)
-            self._delete_done_segments(keep_current=True)
+            delete_done(self._segments, True, self.log)
             self._progress.set()
             if not self._records:
                 self._emptied.set()
@@ -351,15 +351,6 @@ class SendingQueue:
             g.seqs.remove(r.seq)
             self._forget(r.seq)
         return kept
-
-    def _delete_done_segments(self, keep_current: bool) -> None:
-        while self._segments and self._segments[0].pending <= 0 and \
-                (not keep_current or len(self._segments) > 1):
-            seg = self._segments.pop(0)
-            try:
-                os.unlink(seg.path)
-            except FileNotFoundError:
-                pass
 
     async def wait_empty(self) -> None:
         while self._records:

@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 
 from pipeline.component import Fanout
-from pipeline.disklog import writer as queue_writer
 from pipeline.disklog.segments import HEADER
 from pipeline.errors import InvalidData, Retryable
 from pipeline.otlp.traces import Decoded
 from pipeline.receivers import intake as intake_mod
 from pipeline.receivers.intake import DONE, Intake, IntakeConfig
 from pipeline.records import SpanBatch
+from tests.pipeline.exporters.test_queue import fail_next_fsync
 
 
 def decode(signal: str, fmt: str, body: bytes) -> Decoded:
@@ -172,16 +172,7 @@ class TestIntake:
         intake = make(tmp_path, pipe)
         await intake.open()
         await put(intake, b"held", key=1)  # same file as the refused one, not done
-        real = os.fsync
-        fail = [True]
-
-        def fsync(fd: int) -> None:
-            if fail[0]:
-                fail[0] = False
-                raise OSError(errno.EIO, "Input/output error")
-            real(fd)
-
-        monkeypatch.setattr(queue_writer.os, "fsync", fsync)
+        fail_next_fsync(monkeypatch)
         with pytest.raises(Retryable, match="cannot fsync"):
             await put(intake, b"refused", key=2)
         await put(intake, b"next", key=3)

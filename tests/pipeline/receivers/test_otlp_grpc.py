@@ -62,6 +62,22 @@ def span_request(span_ids: list[bytes], trace_id: bytes = TID) -> tps.ExportTrac
     return req
 
 
+def two_bad_profiles() -> Any:
+    """A profile request of three services' profiles: "a" good, "b" with a link outside
+    the dictionary, "c" with a function outside it."""
+    b = ProfileBuilder()
+    b.sample(["good"], 10, TID, b"\x01" * 8, service="a")
+    bad_link = b.sample(["x"], 10, TID, b"\x01" * 8, service="b")
+    bad_link.link_index = 42
+    b.sample(["y"], 10, TID, b"\x01" * 8, service="c")
+    req = b.build()
+    req.dictionary.location_table.add().lines.add(function_index=999)
+    req.dictionary.stack_table.add(location_indices=[len(req.dictionary.location_table) - 1])
+    req.resource_profiles[2].scope_profiles[0].profiles[0].samples[0].stack_index = \
+        len(req.dictionary.stack_table) - 1
+    return req
+
+
 class TestOtlpGrpcReceiver:
     async def test_garbage_is_invalid_argument_and_serving_continues(self, receiver: Any) -> None:
         """Bytes that are not a protobuf message get INVALID_ARGUMENT on both services, and
@@ -93,18 +109,8 @@ class TestOtlpGrpcReceiver:
         """A profile referencing a link or function outside the dictionary is rejected (and
         counted in rejected_profiles); the request's other profiles are accepted."""
         r, fake, channel = receiver
-        b = ProfileBuilder()
-        b.sample(["good"], 10, TID, b"\x01" * 8, service="a")
-        bad_link = b.sample(["x"], 10, TID, b"\x01" * 8, service="b")
-        bad_link.link_index = 42
-        b.sample(["y"], 10, TID, b"\x01" * 8, service="c")
-        req = b.build()
-        req.dictionary.location_table.add().lines.add(function_index=999)
-        req.dictionary.stack_table.add(location_indices=[len(req.dictionary.location_table) - 1])
-        req.resource_profiles[2].scope_profiles[0].profiles[0].samples[0].stack_index = \
-            len(req.dictionary.stack_table) - 1
         stub = profiles_service_pb2_grpc.ProfilesServiceStub(channel)
-        resp = await stub.Export(req)
+        resp = await stub.Export(two_bad_profiles())
         assert resp.partial_success.rejected_profiles == 2
         msg = resp.partial_success.error_message
         assert "resource_profiles[1].scope_profiles[0].profiles[0]: samples[0]: link_index 42 " \

@@ -17,14 +17,13 @@ from opentelemetry.proto.collector.profiles.v1development import profiles_servic
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 
 from pipeline.errors import Retryable
-from pipeline.otlp.builder import ProfileBuilder
 from pipeline.receivers.intake import IntakeConfig
 from pipeline.receivers.otlp import Config, OtlpReceiver, Protocols
 from pipeline.receivers.otlp_grpc import GrpcConfig
 from pipeline.receivers.otlp_http import HttpConfig
 from pipeline.records import Batch
 from pipeline.registry import Context
-from tests.pipeline.receivers.test_otlp_grpc import TID, span_request
+from tests.pipeline.receivers.test_otlp_grpc import span_request, two_bad_profiles
 from tests.pipeline.receivers.test_otlp_http import SPAN_JSON
 
 
@@ -93,18 +92,8 @@ class TestOtlpIntake:
         """A profile request with two inconsistent profiles: rejected_profiles 2 in the
         answer, the good profile's samples delivered behind."""
         r, fake, channel, _ = receiver
-        b = ProfileBuilder()
-        b.sample(["good"], 10, TID, b"\x01" * 8, service="a")
-        bad = b.sample(["x"], 10, TID, b"\x01" * 8, service="b")
-        bad.link_index = 42
-        b.sample(["y"], 10, TID, b"\x01" * 8, service="c")
-        req = b.build()
-        req.dictionary.location_table.add().lines.add(function_index=999)
-        req.dictionary.stack_table.add(location_indices=[len(req.dictionary.location_table) - 1])
-        req.resource_profiles[2].scope_profiles[0].profiles[0].samples[0].stack_index = \
-            len(req.dictionary.stack_table) - 1
         stub = profiles_service_pb2_grpc.ProfilesServiceStub(channel)
-        resp = await asyncio.wait_for(stub.Export(req), 5)
+        resp = await asyncio.wait_for(stub.Export(two_bad_profiles()), 5)
         assert resp.partial_success.rejected_profiles == 2
         (batch,) = await delivered(r, fake)
         assert [s.service for s in batch.samples] == ["a"]
