@@ -138,6 +138,30 @@ class TestQueue:
         assert os.listdir(tmp_path / "queue") == ["000000000001.log"] or \
             len(os.listdir(tmp_path / "queue")) == 1
 
+    async def test_a_segment_that_cannot_be_deleted_stops_nothing(
+            self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        """A done segment the disk refuses to delete (EIO) is logged and left; the
+        drainer goes on inserting what comes after (it used to end there)."""
+        store = Store()
+        qu = make(tmp_path, store)
+        await qu.open(replay_timeout=1)
+        qu._log.segment_bytes = 300  # a segment or two per batch
+        real, failed = os.unlink, []
+
+        def unlink(path: Any) -> None:
+            if not failed:
+                failed.append(path)
+                raise OSError(errno.EIO, "Input/output error")
+            real(path)
+
+        monkeypatch.setattr(os, "unlink", unlink)
+        for v in range(1, 9):
+            await qu.put(batch(v), 1, set(), None)
+            await asyncio.wait_for(qu.wait_empty(), 2)
+        assert failed and sorted(v for t, _, _ in store.groups for v in t["t"]["v"]) == \
+            list(range(1, 9))
+        assert any(e == "log_segment_not_deleted" for e, _ in qu.log.events)
+
     async def test_crash_replays_exactly_once(self, tmp_path: Path) -> None:
         """Killed while a group was being inserted and with more logged behind it: the next
         start inserts the group again under its token (dropped if it had landed) and the
