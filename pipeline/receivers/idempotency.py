@@ -81,29 +81,32 @@ async def stored_request_ids(store: Any, seconds: float = RECENT_S,
     """The ids of the requests whose rows were stored in the last ``seconds`` (the
     ``request`` column of ``otel_traces`` and ``profile_samples``): what a receiver that
     just started has stored without, perhaps, having acknowledged it."""
-    db = store.database
-    recent = f"ingested_at >= now() - {int(seconds)} AND request != 0"
-    _, rows = await store.query(
-        f"SELECT request FROM (SELECT DISTINCT request FROM {db}.otel_traces WHERE {recent} "
-        f"UNION DISTINCT SELECT DISTINCT request FROM {db}.profile_samples WHERE {recent}) "
-        f"LIMIT {int(limit)}")
-    return [int(r[0]) for r in rows]
+    return await _stored_requests(
+        store, f"ingested_at >= now() - {int(seconds)} AND request != 0", int(limit))
 
 
 async def stored_among(store: Any, keys: list[int], since: float,
                        chunk: int = 2_000) -> set[int]:
     """Which of the request ids ``keys`` have rows stored since unix time ``since``
     (``otel_traces`` and ``profile_samples``), whatever their number."""
-    db = store.database
     found: set[int] = set()
     for i in range(0, len(keys), chunk):
         ids = ",".join(str(int(k)) for k in keys[i:i + chunk])
-        where = f"ingested_at >= toDateTime({int(since)}) AND request IN ({ids})"
-        _, rows = await store.query(
-            f"SELECT DISTINCT request FROM {db}.otel_traces WHERE {where} UNION DISTINCT "
-            f"SELECT DISTINCT request FROM {db}.profile_samples WHERE {where}")
-        found.update(int(r[0]) for r in rows)
+        found.update(await _stored_requests(
+            store, f"ingested_at >= toDateTime({int(since)}) AND request IN ({ids})"))
     return found
+
+
+async def _stored_requests(store: Any, where: str, limit: int | None = None) -> list[int]:
+    """The distinct request ids of the rows of ``otel_traces`` and ``profile_samples``
+    matching ``where`` (at most ``limit``)."""
+    db = store.database
+    sql = (f"SELECT DISTINCT request FROM {db}.otel_traces WHERE {where} UNION DISTINCT "
+           f"SELECT DISTINCT request FROM {db}.profile_samples WHERE {where}")
+    if limit is not None:
+        sql = f"SELECT request FROM ({sql}) LIMIT {limit}"
+    _, rows = await store.query(sql)
+    return [int(r[0]) for r in rows]
 
 
 class RecentRequests:

@@ -7,9 +7,10 @@ queue's fsync 11-14, the correlator 8-10), and p99 over 100 ms. With an intake
 (``intake:`` under the ``otlp`` receiver) the receiver checks the request as a gateway does
 (on its bytes, natively for the usual ones: the same refusals and ``partial_success``),
 appends it as received to this log, and answers once an ``fsync`` covers it (group
-commit: ``LogWriter``, shared with the sending queue); a drainer then decodes each logged
-request and hands its batch to the pipeline, ``concurrency`` at a time, in order of
-arrival, and logs it *done* once the pipeline has it.
+commit: ``LogWriter``, shared with the sending queue); a drainer then decodes the logged
+requests (on a thread of its own) and hands the waiting ones of one signal and tenant to
+the pipeline as one batch, ``concurrency`` batches at a time, in order of arrival, and
+logs them *done* once the pipeline has them.
 
 Nothing answered is lost, nothing is delivered twice:
 
@@ -74,7 +75,7 @@ LEFT = "left"  # a delivery cut short by the shutdown: the request stays logged
 class IntakeConfig(msgspec.Struct, forbid_unknown_fields=True):
     directory: str = "intake"  # under the service's data_dir, one directory per receiver
     max_mib: PositiveInt = 64  # logged, not yet delivered: beyond, retry later
-    concurrency: PositiveInt = 8  # requests handed to the pipeline at once
+    concurrency: PositiveInt = 8  # batches (of waiting requests) handed on at once
 
     def validate(self, key: str) -> None:
         if not self.directory:
@@ -105,7 +106,6 @@ class Intake:
                  store: Any, log: Any, segment_bytes: int | None = None) -> None:
         self.directory = directory
         self.max_bytes = cfg.max_mib << 20
-        self.concurrency = cfg.concurrency
         self._decode = decode
         self._deliver = deliver
         self.store = store
@@ -119,7 +119,6 @@ class Intake:
         self._log = LogWriter(directory, self._segments, self._io, segment_bytes)
         self._records: dict[int, Logged] = {}  # logged, not done
         self._ready: deque[Logged] = deque()  # synced, not yet handed on
-        self._replayed: list[Logged] = []
         self._done_unwritten: list[int] = []  # done, their DONE record not written yet
         self._next_seq = 1
         self.waiting_bytes = 0
@@ -154,15 +153,14 @@ class Intake:
             self._log.new_segment()
         except OSError as err:
             raise ConfigError(f"intake: cannot use {self.directory}: {err}") from err
-        self._replayed = list(self._records.values())
-        if self._replayed:
-            self.log.info("intake_replay", requests=len(self._replayed),
-                          bytes=self.waiting_bytes, directory=self.directory)
+        replayed = list(self._records.values())
         self._task = asyncio.create_task(self._drain(), name=f"intake-{self.directory}")
-        if self._replayed:
-            self._replay_task = asyncio.create_task(self._replay(self._replayed),
+        if replayed:
+            self.log.info("intake_replay", requests=len(replayed),
+                          bytes=self.waiting_bytes, directory=self.directory)
+            self._replay_task = asyncio.create_task(self._replay(replayed),
                                                     name=f"intake-replay-{self.directory}")
-        return [r.key for r in self._replayed]
+        return [r.key for r in replayed]
 
     def _read_all(self) -> None:
         top = 0
@@ -184,8 +182,8 @@ class Intake:
                                                 body, number, size)
                     seg.pending += 1
                     top = max(top, seq)
-                elif kind == DONE or kind == FORGET:
-                    for seq in payload if isinstance(payload, list) else [payload]:
+                elif kind == DONE or kind == FORGET:  # [seq, ...]
+                    for seq in payload:
                         top = max(top, int(seq))
                         self._drop(int(seq))
             for at, size in scan.damaged:
@@ -279,7 +277,6 @@ class Intake:
         self._metric("intake_replayed_requests", len(again))
         self.log.info("intake_replay_checked", requests=len(replayed), stored=len(skipped))
         self._ready.extendleft(reversed(again))
-        self._replayed = []
         self._wake.set()
 
     async def _stored(self, replayed: list[Logged]) -> set[int]:

@@ -28,7 +28,7 @@ Collector.
         intake:                                  # answer once logged on disk (intake.py)
           directory: intake                      # under data_dir, then the receiver's id
           max_mib: 64                            # logged, not yet delivered: beyond, retry
-          concurrency: 8                         # requests handed to the pipeline at once
+          concurrency: 8                         # batches handed to the pipeline at once
 
 A protocol runs when its key is present (``grpc:`` with no value takes the defaults, as in
 the Collector); with no ``protocols`` at all, gRPC alone runs. Both servers feed the same
@@ -51,8 +51,8 @@ import msgspec
 
 from pipeline.errors import ConfigError
 from pipeline.receivers.intake import Intake, IntakeConfig
-from pipeline.receivers.otlp_grpc import GrpcConfig, GrpcServer
-from pipeline.receivers.otlp_http import ROUTES, HttpConfig, HttpServer, parse_body
+from pipeline.receivers.otlp_grpc import SERVICES, GrpcConfig, GrpcServer
+from pipeline.receivers.otlp_http import HttpConfig, HttpServer, parse_body
 from pipeline.receivers.otlp_request import take_request
 from pipeline.registry import Context, Factory
 
@@ -116,8 +116,7 @@ class OtlpReceiver:
     def _decode_logged(self, signal: str, fmt: str, body: bytes) -> Any:
         """A logged request decoded as the pipeline wants it (its records, or its bytes
         checked for a gateway): what the servers would have decoded before answering."""
-        path = "/v1/traces" if signal == "traces" else "/v1development/profiles"
-        _, request_type, decode, _ = ROUTES[path]
+        request_type, _, decode, _ = SERVICES[signal]
         wire = body if fmt == "pb" else None
         return take_request(signal, body, records=self.ctx.records.get(signal, True),
                             parse=lambda b: parse_body(b, request_type, wire is None),

@@ -88,7 +88,7 @@ def retry_trailers(message: str, delay_s: float,
 TRACE_METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 PROFILES_METHOD = "/opentelemetry.proto.collector.profiles.v1development.ProfilesService/Export"
 # signal -> (request type, response type, decoder, partial_success field)
-_SERVICES: dict[str, tuple[Any, Any, Any, str]] = {
+SERVICES: dict[str, tuple[Any, Any, Any, str]] = {
     "traces": (tps.ExportTraceServiceRequest, tps.ExportTraceServiceResponse, decode_traces,
                "rejected_spans"),
     "profiles": (pps.ExportProfilesServiceRequest, pps.ExportProfilesServiceResponse,
@@ -241,7 +241,7 @@ class GrpcServer:
     async def _export_admitted(self, signal: str, data: bytes,
                                context: grpc.aio.ServicerContext, tenant: str) -> bytes:
         """Parse, validate, deliver and answer one Export call."""
-        request_type, response_type, decode, rejected_field = _SERVICES[signal]
+        request_type, response_type, decode, rejected_field = SERVICES[signal]
         # logged in an intake: checked as a gateway does, decoded behind
         records = self.intake is None and self.ctx.records.get(signal, True)
         limit_key = "max_spans_per_request" if signal == "traces" else "max_samples_per_request"
